@@ -1,0 +1,150 @@
+"""Low-rank key-value attention (LRKV; PAPER.md "LRKV in one paragraph").
+
+Per layer one shared key and one shared value projection W^K_s, W^V_s (d -> d_h) and per head a low-rank
+residual: k_h = x W^K_s + (x U^K_h) (B^K_h)^T with U^K_h in R^{d x r}, B^K_h in R^{d_h x r}; values alike.
+Queries and the output projection are ordinary per-head MHA. r = 0 would be MQA; r = d_h can express any
+MHA layer.
+
+Two training paths compute the same function (tests check it):
+- factorized: x W_s and the latents x U (one fused product with q), then B_h per head;
+- materialized: W_h = W_s + U_h B_h^T for every head once per forward, then one MHA-sized product.
+The FLOP count follows the path that runs (costs.py); benchmarks/train_throughput.py measures both.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_modules.attention.base import Attention
+from lightning_modules.attention.kernel import attend
+from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
+from lightning_modules.layers import RMSNorm, RotaryEmbedding
+
+
+class LowRankKVAttention(Attention):
+    knobs = frozenset({"rank", "lrkv_path", "residual_init"})
+
+    @classmethod
+    def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
+        return {"rank": max(1, model.head_dim // 4), "lrkv_path": "factorized", "residual_init": 0.1}
+
+    @classmethod
+    def validate(cls, model: ModelConfig, attention: AttentionConfig) -> None:
+        assert attention.rank is not None
+        if not 1 <= attention.rank <= model.head_dim:
+            raise ConfigError(
+                f"attention.rank={attention.rank} out of range; allowed 1..head_dim ({model.head_dim})"
+            )
+
+    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+        super().__init__(model, attention)
+        assert attention.rank is not None and attention.residual_init is not None
+        self.n_head, self.head_dim, self.rank = model.n_head, model.head_dim, attention.rank
+        self.materialized = attention.lrkv_path == "materialized"
+        self.residual_init = attention.residual_init
+        d, H, dh, r = model.d_model, model.n_head, model.head_dim, attention.rank
+        # Rows: [W_q (H dh) | W^K_s (dh) | W^V_s (dh) | U^K (H r) | U^V (H r)], in nn.Linear's (out, in) layout.
+        self.in_proj = nn.Linear(d, H * dh + 2 * dh + 2 * H * r, bias=False)
+        self.b_k = nn.Parameter(torch.empty(H, dh, r))  # B^K_h, one (dh, r) matrix per head
+        self.b_v = nn.Parameter(torch.empty(H, dh, r))
+        self.out = nn.Linear(H * dh, d, bias=False)
+        self.q_norm = RMSNorm(dh, model.norm_eps) if model.qk_norm else None
+        self.k_norm = RMSNorm(dh, model.norm_eps) if model.qk_norm else None
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.in_proj.weight, std=std)
+        # ||U_h B_h^T||_F^2 ~ d dh r std_U^2 std_B^2 and ||W_s||_F^2 ~ d dh std^2; with std_U = std and
+        # std_B = residual_init / sqrt(r) the residual starts at residual_init x the shared part (DESIGN.md).
+        nn.init.normal_(self.b_k, std=self.residual_init / math.sqrt(self.rank))
+        nn.init.normal_(self.b_v, std=self.residual_init / math.sqrt(self.rank))
+        nn.init.normal_(self.out.weight, std=out_std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                nn.init.ones_(norm.weight)
+
+    def _split_sizes(self) -> list[int]:
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        return [H * dh, dh, dh, H * r, H * r]
+
+    def per_head_kv_weights(self) -> tuple[Tensor, Tensor]:
+        """W^K_h and W^V_h for all heads in (out, in) layout, (H * dh, d) each: W_s + B_h U_h."""
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        _, w_ks, w_vs, u_k, u_v = self.in_proj.weight.split(self._split_sizes(), dim=0)
+        d = w_ks.shape[1]
+        w_k = w_ks.unsqueeze(0) + torch.bmm(self.b_k, u_k.view(H, r, d))  # (H, dh, d)
+        w_v = w_vs.unsqueeze(0) + torch.bmm(self.b_v, u_v.view(H, r, d))
+        return w_k.reshape(H * dh, d), w_v.reshape(H * dh, d)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v as (B, T, H, dh) each, before QK-norm and RoPE."""
+        B, T, _ = x.shape
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        if self.materialized:
+            w_q = self.in_proj.weight[: H * dh]
+            w_k, w_v = self.per_head_kv_weights()
+            q, k, v = F.linear(x, torch.cat([w_q, w_k, w_v], dim=0)).split(H * dh, dim=-1)
+            return q.view(B, T, H, dh), k.view(B, T, H, dh), v.view(B, T, H, dh)
+        q, k_s, v_s, l_k, l_v = self.in_proj(x).split(self._split_sizes(), dim=-1)
+        # k_h = x W^K_s + (x U^K_h) (B^K_h)^T: latents (B, T, H, r) times B_h (H, dh, r) -> (B, T, H, dh)
+        k = k_s.view(B, T, 1, dh) + torch.einsum("bthr,hdr->bthd", l_k.view(B, T, H, r), self.b_k)
+        v = v_s.view(B, T, 1, dh) + torch.einsum("bthr,hdr->bthd", l_v.view(B, T, H, r), self.b_v)
+        return q.view(B, T, H, dh), k, v
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q), rope(k)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, dh)
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+    # ----- costs ------------------------------------------------------------------------------------
+    @classmethod
+    def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        r = attention.rank
+        assert r is not None
+        in_proj = d * (H * dh + 2 * dh + 2 * H * r)
+        residual_b = 2 * H * dh * r
+        return in_proj + residual_b + H * dh * d, (2 * dh if model.qk_norm else 0)
+
+    @classmethod
+    def train_matmul_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+        if attention.lrkv_path != "materialized":
+            return 2 * cls.param_counts(model, attention)[0]
+        # One MHA-sized product per token; building W_h = W_s + B_h U_h is a per-forward cost that
+        # costs.py amortises over the tokens of a step (see costs.train_flops_per_token).
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        return 2 * (d * 3 * H * dh + H * dh * d)
+
+    @classmethod
+    def per_forward_flops(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+        """Forward FLOPs spent once per forward pass, independent of the token count."""
+        if attention.lrkv_path != "materialized":
+            return 0
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        assert attention.rank is not None
+        return 2 * 2 * H * dh * attention.rank * d  # B_h U_h for keys and for values
+
+    @classmethod
+    def cache_elements_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+        assert attention.rank is not None
+        return 2 * (model.head_dim + model.n_head * attention.rank)
+
+    @classmethod
+    def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
+        """Exact decode (DESIGN.md): new token's projections; keys of all `context` positions rebuilt,
+        K_h = K_s + R^K_h (B^K_h)^T; scores; values absorbed, a_h V_s + (a_h R^V_h)(B^V_h)^T."""
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        r = attention.rank
+        assert r is not None
+        projections = 2 * d * (H * dh + 2 * dh + 2 * H * r) + 2 * H * dh * d
+        rebuild_keys = 2 * context * H * r * dh
+        scores = 2 * context * H * dh
+        values = 2 * context * H * (dh + r) + 2 * H * r * dh
+        return projections + rebuild_keys + scores + values

@@ -1,0 +1,119 @@
+"""Multi-head latent attention, DeepSeek-V2 form (DESIGN.md "MLA").
+
+c = RMSNorm(x W^DKV) in R^{d_c}; k^C_h = c W^UK_h, v_h = c W^UV_h (d_h each); one RoPE key shared by all
+heads, k^R = RoPE(x W^KR) in R^{d_R}; q_h = [q^C_h ; RoPE(q^R_h)] from x, optionally through a compressed
+query c_q = RMSNorm(x W^DQ). Scores [q^C_h; q^R_h] . [k^C_h; k^R] / sqrt(d_h + d_R).
+
+MLA keeps its latent norm instead of QK-norm: a per-head norm on k^C_h would sit between W^UK and the
+scores and forbid folding W^UK into the query at decode time (absorption), the point of MLA's small cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lightning_modules.attention.base import Attention, check_even
+from lightning_modules.attention.kernel import attend
+from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.layers import RMSNorm, RotaryEmbedding
+
+
+class MultiHeadLatentAttention(Attention):
+    knobs = frozenset({"kv_latent_dim", "rope_head_dim", "q_latent_dim"})
+
+    @classmethod
+    def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
+        # DeepSeek-V2's ratios: d_c = 4 d_h (512 at d_h = 128), d_R = d_h / 2 (64); no query compression.
+        return {"kv_latent_dim": 4 * model.head_dim, "rope_head_dim": model.head_dim // 2, "q_latent_dim": 0}
+
+    @classmethod
+    def validate(cls, model: ModelConfig, attention: AttentionConfig) -> None:
+        assert attention.rope_head_dim is not None
+        check_even("attention.rope_head_dim", attention.rope_head_dim)
+
+    @classmethod
+    def rope_dim(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+        assert attention.rope_head_dim is not None
+        return attention.rope_head_dim
+
+    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+        super().__init__(model, attention)
+        assert attention.kv_latent_dim is not None and attention.rope_head_dim is not None
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        self.n_head, self.head_dim = H, dh
+        self.d_c, self.d_r, self.d_cq = (
+            attention.kv_latent_dim,
+            attention.rope_head_dim,
+            attention.q_latent_dim or 0,
+        )
+        q_width = H * (dh + self.d_r)
+        # Rows: [queries, or the query latent when compressed | c before its norm (d_c) | k^R before RoPE (d_R)]
+        self.in_proj = nn.Linear(d, (self.d_cq or q_width) + self.d_c + self.d_r, bias=False)
+        if self.d_cq:
+            self.q_norm = RMSNorm(self.d_cq, model.norm_eps)
+            self.q_up = nn.Linear(self.d_cq, q_width, bias=False)
+        self.kv_norm = RMSNorm(self.d_c, model.norm_eps)
+        self.kv_up = nn.Linear(self.d_c, 2 * H * dh, bias=False)  # rows [W^UK (H dh) | W^UV (H dh)]
+        self.out = nn.Linear(H * dh, d, bias=False)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        for linear in (self.in_proj, self.kv_up) + ((self.q_up,) if self.d_cq else ()):
+            nn.init.normal_(linear.weight, std=std)
+        nn.init.normal_(self.out.weight, std=out_std)
+        for norm in (self.kv_norm,) + ((self.q_norm,) if self.d_cq else ()):
+            nn.init.ones_(norm.weight)
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+        B, T, _ = x.shape
+        H, dh, d_r = self.n_head, self.head_dim, self.d_r
+        q, c, k_r = self.in_proj(x).split([self.in_proj.out_features - self.d_c - d_r, self.d_c, d_r], dim=-1)
+        if self.d_cq:
+            q = self.q_up(self.q_norm(q))
+        q_c, q_r = q.view(B, T, H, dh + d_r).split([dh, d_r], dim=-1)
+        k_c, v = self.kv_up(self.kv_norm(c)).view(B, T, 2, H, dh).unbind(dim=2)
+        k_r = rope(k_r.view(B, T, 1, d_r)).expand(B, T, H, d_r)  # one RoPE key shared by every head
+        q = torch.cat([q_c, rope(q_r)], dim=-1)  # (B, T, H, dh + d_R)
+        k = torch.cat([k_c, k_r], dim=-1)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(dh + d_r))
+        return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+
+    # ----- costs ------------------------------------------------------------------------------------
+    @classmethod
+    def _dims(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int, int]:
+        assert attention.kv_latent_dim is not None and attention.rope_head_dim is not None
+        return attention.kv_latent_dim, attention.rope_head_dim, attention.q_latent_dim or 0
+
+    @classmethod
+    def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        d_c, d_r, d_cq = cls._dims(model, attention)
+        q_width = H * (dh + d_r)
+        q_params = d * d_cq + d_cq * q_width if d_cq else d * q_width
+        matmul = q_params + d * (d_c + d_r) + d_c * 2 * H * dh + H * dh * d
+        return matmul, d_c + d_cq
+
+    @classmethod
+    def score_dims(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
+        return model.head_dim + cls._dims(model, attention)[1], model.head_dim
+
+    @classmethod
+    def cache_elements_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+        d_c, d_r, _ = cls._dims(model, attention)
+        return d_c + d_r
+
+    @classmethod
+    def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
+        """Absorbed decode: W^UK folded into the query (q^C_h W^UK_h^T, d_h -> d_c per head), scores against
+        the cached latent and RoPE key, mixing of the latent, W^UV_h folded into the output."""
+        d, H, dh = model.d_model, model.n_head, model.head_dim
+        d_c, d_r, d_cq = cls._dims(model, attention)
+        q_width = H * (dh + d_r)
+        q_proj = 2 * (d * d_cq + d_cq * q_width if d_cq else d * q_width)
+        latent_proj = 2 * d * (d_c + d_r)
+        absorb = 2 * H * dh * d_c * 2  # query through W^UK_h, mixed latent through W^UV_h
+        scores = 2 * context * H * (d_c + d_r)
+        mixing = 2 * context * H * d_c
+        return q_proj + latent_proj + absorb + scores + mixing + 2 * H * dh * d

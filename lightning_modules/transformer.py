@@ -1,0 +1,67 @@
+"""The decoder as plain torch (no Lightning): pre-norm blocks whose attention is chosen by config.
+
+tokens (B, T) -> embedding (B, T, d) -> L x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> head (B, T, V)
+Untied input and output embeddings, no biases (PAPER.md "Training recipe").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lightning_modules.attention import REGISTRY
+from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
+from lightning_modules.layers import MLP, RMSNorm, RotaryEmbedding
+
+
+class Block(nn.Module):
+    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(model.d_model, model.norm_eps)
+        self.attn = REGISTRY[attention.kind](model, attention)
+        self.mlp_norm = RMSNorm(model.d_model, model.norm_eps)
+        self.mlp = MLP(model.d_model, model.mlp_ratio * model.d_model)
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+        super().__init__()
+        self.config = model
+        self.attention_config = resolve_attention(model, attention)
+        vocab = model.padded_vocab_size
+        self.embed = nn.Embedding(vocab, model.d_model)
+        self.rope = RotaryEmbedding(
+            REGISTRY[attention.kind].rope_dim(model, self.attention_config), model.seq_len, model.rope_base
+        )
+        self.blocks = nn.ModuleList(Block(model, self.attention_config) for _ in range(model.n_layer))
+        self.norm = RMSNorm(model.d_model, model.norm_eps)
+        self.head = nn.Linear(model.d_model, vocab, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 style: N(0, std) everywhere, residual-branch outputs scaled by 1/sqrt(2 L)."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layer)
+        nn.init.normal_(self.embed.weight, std=std)
+        nn.init.normal_(self.head.weight, std=std)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.blocks:
+            block.attn.init_weights(std, out_std)
+            nn.init.normal_(block.mlp.fc.weight, std=std)
+            nn.init.normal_(block.mlp.proj.weight, std=out_std)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens: (B, T) int64 with T <= seq_len. Returns logits (B, T, padded vocab)."""
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.rope)
+        return self.head(self.norm(x))

@@ -1,0 +1,87 @@
+"""Bad configurations fail at construction, naming the field and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
+from lightning_modules.transformer import Transformer
+from tests.helpers import attn, tiny_model
+
+
+def test_unknown_attention_kind() -> None:
+    with pytest.raises(ConfigError, match=r"attention\.kind.*'flash'.*allowed: gqa, lrkv, mha, mla, mqa"):
+        AttentionConfig(kind="flash")
+
+
+def test_heads_not_divisible_by_kv_heads() -> None:
+    with pytest.raises(
+        ConfigError, match=r"attention\.n_kv_heads=3 must divide model\.n_head=4; allowed: \[1, 2, 4\]"
+    ):
+        Transformer(tiny_model(), attn("gqa", n_kv_heads=3))
+
+
+@pytest.mark.parametrize("rank", [0, -2])
+def test_rank_below_one(rank: int) -> None:
+    with pytest.raises(ConfigError, match=r"attention\.rank=.*below 1"):
+        attn("lrkv", rank=rank)
+
+
+def test_rank_above_head_dim() -> None:
+    with pytest.raises(ConfigError, match=r"attention\.rank=17 out of range; allowed 1\.\.head_dim \(16\)"):
+        Transformer(tiny_model(), attn("lrkv", rank=17))
+
+
+@pytest.mark.parametrize(
+    "kind,knob",
+    [
+        ("gqa", {"rank": 8}),
+        ("mha", {"n_kv_heads": 2}),
+        ("mqa", {"n_kv_heads": 1}),
+        ("lrkv", {"kv_latent_dim": 64}),
+        ("mla", {"rank": 4}),
+        ("gqa", {"lrkv_path": "factorized"}),
+    ],
+)
+def test_knob_given_to_a_kind_that_does_not_use_it(kind: str, knob: dict) -> None:
+    (name,) = knob
+    with pytest.raises(ConfigError, match=rf"attention\.{name} is not used by attention kind '{kind}'"):
+        attn(kind, **knob)
+
+
+def test_size_defaults_for_a_kind_must_be_its_knobs() -> None:
+    with pytest.raises(ConfigError, match=r"model\.attention_defaults\.gqa: \['rank'\] not used by 'gqa'"):
+        tiny_model(attention_defaults={"gqa": {"rank": 4}})
+
+
+def test_d_model_inconsistent_with_heads() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"model\.d_model=100 is inconsistent with model\.n_head x model\.head_dim = 4 x 16 = 64",
+    ):
+        ModelConfig(d_model=100, n_head=4, head_dim=16)
+
+
+def test_odd_rope_dimension() -> None:
+    with pytest.raises(ConfigError, match=r"model\.head_dim=15: RoPE needs an even dimension"):
+        ModelConfig(d_model=60, n_head=4, head_dim=15)
+    with pytest.raises(ConfigError, match=r"attention\.rope_head_dim=7: RoPE needs an even dimension"):
+        Transformer(tiny_model(), attn("mla", rope_head_dim=7))
+
+
+def test_bad_lrkv_path() -> None:
+    with pytest.raises(
+        ConfigError, match=r"attention\.lrkv_path='fast': allowed values are 'factorized', 'materialized'"
+    ):
+        attn("lrkv", lrkv_path="fast")
+
+
+def test_explicit_knob_overrides_size_default() -> None:
+    net = Transformer(tiny_model(), attn("lrkv", rank=2))
+    assert net.attention_config.rank == 2
+    assert Transformer(tiny_model(), attn("lrkv")).attention_config.rank == 4  # tiny_model's default
+
+
+def test_vocab_is_padded_to_a_multiple_of_64() -> None:
+    assert ModelConfig(vocab_size=50257, n_head=4, d_model=128, head_dim=32).padded_vocab_size == 50304
+    assert tiny_model(vocab_size=128).padded_vocab_size == 128
