@@ -1,0 +1,158 @@
+"""Training throughput (forward, backward, AdamW step) of the bare decoder, per attention, on this machine.
+
+    python benchmarks/train_throughput.py                     # nano and 20m, every attention
+    python benchmarks/train_throughput.py --vs litgpt --json  # pair mha/gqa/mqa with litgpt's GPT
+
+With --vs litgpt, our mha, gqa and mqa are paired with litgpt's GPT at identical shapes (layers, width,
+heads, kv groups, head size, vocabulary, no biases, RMSNorm, QK-norm, a 4d MLP) in the same process, and
+the two are timed alternately so that machine noise hits both alike. litgpt's MLP is GELU, ours ReLU^2:
+same matrix shapes, same FLOPs. Install it with `make litgpt` (pip install --no-deps litgpt safetensors).
+LRKV is measured on both training paths (factorized and materialized) so the faster can be chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_modules import costs
+from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
+from lightning_modules.transformer import Transformer
+
+KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
+
+
+def litgpt_model(model: ModelConfig, n_kv_heads: int) -> nn.Module:
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    config = Config(
+        name="ref",
+        block_size=model.seq_len,
+        n_layer=model.n_layer,
+        n_embd=model.d_model,
+        n_head=model.n_head,
+        head_size=model.head_dim,
+        n_query_groups=n_kv_heads,
+        vocab_size=model.vocab_size,
+        padded_vocab_size=model.padded_vocab_size,
+        bias=False,
+        norm_class_name="RMSNorm",
+        norm_qk=model.qk_norm,
+        mlp_class_name="GptNeoxMLP",
+        intermediate_size=model.mlp_ratio * model.d_model,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        rope_base=int(model.rope_base),
+    )
+    return GPT(config)
+
+
+def make_step(net: nn.Module, tokens: torch.Tensor, bf16: bool) -> Callable[[], None]:
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = net(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def timed(step: Callable[[], None], steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - start
+
+
+def measure(contenders: dict[str, Callable[[], None]], steps: int, repeats: int, warmup: int) -> dict[str, float]:
+    """Median seconds per `steps` steps for each contender, timed round-robin so they share the noise."""
+    for step in contenders.values():
+        for _ in range(warmup):
+            step()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, step in contenders.items():
+            samples[name].append(timed(step, steps))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
+    model, _ = costs.load_configs([costs.fragment("model", size)])
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.vocab_size, (args.batch_size, model.seq_len + 1))
+    contenders: dict[str, Callable[[], None]] = {}
+    configs: dict[str, AttentionConfig] = {}
+    for kind in KINDS:
+        paths = ("factorized", "materialized") if kind == "lrkv" else (None,)
+        for path in paths:
+            attention = AttentionConfig(kind=kind, lrkv_path=path)
+            label = resolve_attention(model, attention).label() + (f" ({path})" if path else "")
+            configs[label] = attention
+            contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
+            if args.vs == "litgpt" and kind in ("mha", "gqa", "mqa"):
+                n_kv = {"mha": model.n_head, "mqa": 1, "gqa": resolve_attention(model, attention).n_kv_heads}[kind]
+                contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
+    seconds = measure(contenders, args.steps, args.repeats, args.warmup)
+    tokens_per_run = args.batch_size * model.seq_len * args.steps
+    mha_rate = tokens_per_run / seconds["mha"]
+    rows = []
+    for label, attention in configs.items():
+        rate = tokens_per_run / seconds[label]
+        ref = seconds.get(f"litgpt:{label}")
+        ref_rate = tokens_per_run / ref if ref else None
+        rows.append(
+            {
+                "size": size,
+                "attention": label,
+                "params": costs.param_counts(model, attention).total,
+                "train_flops_per_token": costs.train_flops_per_token(
+                    model, attention, args.batch_size * model.seq_len
+                ),
+                "ours_tokens_per_s": round(rate, 1),
+                "ref_tokens_per_s": round(ref_rate, 1) if ref_rate else None,
+                "ratio": round(rate / ref_rate, 3) if ref_rate else None,
+                "vs_our_mha": round(rate / mha_rate, 3),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["nano", "20m"])
+    parser.add_argument("--vs", choices=["litgpt"], default=None, help="pair mha/gqa/mqa with a reference model")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (median taken)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--fp32", dest="bf16", action="store_false", help="disable bf16 autocast")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [row for size in args.sizes for row in bench_size(size, args)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'size':>5} {'attention':<24} {'params':>10} {'ours tok/s':>10} {'ref tok/s':>10} {'ratio':>6} {'vs mha':>6}")
+    for r in rows:
+        ref = f"{r['ref_tokens_per_s']:>10.0f}" if r["ref_tokens_per_s"] else f"{'-':>10}"
+        ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
+        print(
+            f"{r['size']:>5} {r['attention']:<24} {r['params']:>10,} {r['ours_tokens_per_s']:>10.0f} {ref} {ratio} "
+            f"{r['vs_our_mha']:>6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
