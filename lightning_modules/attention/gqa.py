@@ -59,6 +59,10 @@ class GroupedQueryAttention(Attention):
             if norm is not None:
                 nn.init.ones_(norm.weight)
 
+    def muon_blocks(self) -> dict[str, tuple[int, ...]]:
+        H, G, dh = self.n_head, self.n_kv, self.head_dim
+        return {"qkv.weight": (H * dh, G * dh, G * dh)}
+
     @classmethod
     def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
         d, H, dh, G = model.d_model, model.n_head, model.head_dim, cls.kv_heads(model, attention)

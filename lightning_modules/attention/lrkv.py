@@ -66,6 +66,10 @@ class LowRankKVAttention(Attention):
             if norm is not None:
                 nn.init.ones_(norm.weight)
 
+    def muon_blocks(self) -> dict[str, tuple[int, ...]]:
+        # b_k / b_v are (H, dh, r): Muon treats a 3-D parameter as one matrix per head.
+        return {"in_proj.weight": tuple(self._split_sizes())}
+
     def _split_sizes(self) -> list[int]:
         H, dh, r = self.n_head, self.head_dim, self.rank
         return [H * dh, dh, dh, H * r, H * r]

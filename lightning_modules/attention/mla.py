@@ -66,6 +66,11 @@ class MultiHeadLatentAttention(Attention):
         for norm in (self.kv_norm,) + ((self.q_norm,) if self.d_cq else ()):
             nn.init.ones_(norm.weight)
 
+    def muon_blocks(self) -> dict[str, tuple[int, ...]]:
+        H, dh = self.n_head, self.head_dim
+        q_rows = self.in_proj.out_features - self.d_c - self.d_r
+        return {"in_proj.weight": (q_rows, self.d_c, self.d_r), "kv_up.weight": (H * dh, H * dh)}
+
     def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
         B, T, _ = x.shape
         H, dh, d_r = self.n_head, self.head_dim, self.d_r
