@@ -2,6 +2,10 @@
 
 tokens (B, T) -> embedding (B, T, d) -> L x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> head (B, T, V)
 Untied input and output embeddings, no biases (PAPER.md "Training recipe").
+
+Decoding is a separate entry point, `decode(tokens, caches)`, so that the training forward stays exactly as
+it was: `new_caches` makes one cache per layer (lightning_modules/attention/cache.py), the caller owns them
+and passes them in; a prefill of T > 1 tokens and single-token steps go through the same call.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_modules.attention import REGISTRY
+from lightning_modules.attention.cache import LayerCache
 from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
 from lightning_modules.layers import MLP, RMSNorm, RotaryEmbedding
 
@@ -26,6 +31,10 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
         x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        x = x + self.attn.decode(self.attn_norm(x), rope, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -64,4 +73,27 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, self.rope)
+        return self.head(self.norm(x))
+
+    # ----- decoding ------------------------------------------------------------------------------------
+    def new_caches(
+        self, batch: int, max_len: int, path: str | None = None, dtype: torch.dtype | None = None
+    ) -> list[LayerCache]:
+        """One empty cache per layer for `batch` sequences of up to `max_len` positions. `path` picks a
+        variant's decode path (default: the one costs.py counts); `dtype` defaults to the weights'."""
+        if max_len > self.rope.cos.shape[0]:
+            # RoPE past its table recomputes the table on every call (every layer, every step); build a long
+            # enough one once. Same base and dim, so positions below seq_len get the same angles.
+            self.rope = RotaryEmbedding(self.rope.dim, max_len, self.rope.base).to(self.rope.cos.device)
+        return [block.attn.new_cache(batch, max_len, path=path, dtype=dtype) for block in self.blocks]
+
+    def decode(self, tokens: Tensor, caches: list[LayerCache], last_only: bool = False) -> Tensor:
+        """tokens: (B, T) new tokens at positions caches[0].length .. + T - 1; fills the caches. Returns
+        logits (B, T, padded vocab), or (B, 1, padded vocab) for the last position only with `last_only`
+        (a long prefill need not pay for T rows of the output head)."""
+        x = self.embed(tokens)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.decode(x, self.rope, cache)
+        if last_only:
+            x = x[:, -1:]
         return self.head(self.norm(x))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention, check_divides
+from lightning_modules.attention.cache import LayerCache
 from lightning_modules.attention.kernel import attend
 from lightning_modules.config import AttentionConfig, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
@@ -16,6 +17,7 @@ from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 class GroupedQueryAttention(Attention):
     knobs = frozenset({"n_kv_heads"})
+    decode_paths = ("kv",)  # K (after QK-norm and RoPE) and V per kv head
 
     @classmethod
     def kv_heads(cls, model: ModelConfig, attention: AttentionConfig) -> int:
@@ -41,16 +43,31 @@ class GroupedQueryAttention(Attention):
         self.q_norm = RMSNorm(dh, model.norm_eps) if model.qk_norm else None
         self.k_norm = RMSNorm(dh, model.norm_eps) if model.qk_norm else None
 
-    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+    def _qkv(self, x: Tensor, rope: RotaryEmbedding, start: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, T, H, dh), k and v (B, T, G, dh) at positions start .., after QK-norm and RoPE."""
         B, T, _ = x.shape
         H, G, dh = self.n_head, self.n_kv, self.head_dim
         q, k, v = self.qkv(x).split([H * dh, G * dh, G * dh], dim=-1)
         q, k, v = q.view(B, T, H, dh), k.view(B, T, G, dh), v.view(B, T, G, dh)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q), rope(k)
+        return rope(q, start), rope(k, start), v
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, rope)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, dh)
-        return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+    def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
+        return {"k": (self.n_kv, self.head_dim), "v": (self.n_kv, self.head_dim)}
+
+    def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, rope, start=cache.length)
+        held = cache.append(k=k, v=v)  # (B, S, G, dh) each, S = positions held, the new ones included
+        y = attend(q.transpose(1, 2), held["k"].transpose(1, 2), held["v"].transpose(1, 2))  # (B, H, T, dh)
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.qkv.weight, std=std)
@@ -75,6 +92,7 @@ class GroupedQueryAttention(Attention):
 
     @classmethod
     def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
+        """The new token's projections (as in training) + q.k and mixing over `context` cached positions."""
         H, dh = model.n_head, model.head_dim
         return cls.train_matmul_flops_per_token(model, attention) + 2 * context * H * 2 * dh
 

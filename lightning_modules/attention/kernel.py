@@ -58,3 +58,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | 
     # SDPA's is_causal is top-left aligned; build the bottom-right mask for a chunk after a cache.
     mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped)
+
+
+def attention_probs(q: Tensor, k: Tensor, scale: float, causal: bool = True) -> Tensor:
+    """softmax(q k^T * scale + causal mask) as an explicit (B, H, Tq, Tk) tensor, for decode paths that mix
+    values themselves (LRKV's absorbed values, DESIGN.md). q: (B, H, Tq, d); k: (B, H, Tk, d). The causal
+    mask is aligned to the end, as in `attend`. The softmax runs in fp32 and returns q's dtype."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
+    Tq, Tk = q.shape[2], k.shape[2]
+    if causal and Tq > 1:
+        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)

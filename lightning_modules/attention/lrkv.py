@@ -9,6 +9,14 @@ Two training paths compute the same function (tests check it):
 - factorized: x W_s and the latents x U (one fused product with q), then B_h per head;
 - materialized: W_h = W_s + U_h B_h^T for every head once per forward, then one MHA-sized product.
 The FLOP count follows the path that runs (costs.py); benchmarks/train_throughput.py measures both.
+
+Decoding (DESIGN.md "LRKV", PAPER.md "Known errors") caches x W^K_s, x W^V_s (pre-norm, pre-RoPE) and the
+latents x U^K_h, x U^V_h: 2 (d_h + H r) per token. It is exact: values are absorbed,
+a_h V_h = a_h V_s + (a_h R^V_h)(B^V_h)^T, but keys are rebuilt for every cached position,
+K_h = K_s + R^K_h (B^K_h)^T, then QK-norm and RoPE, because RoPE does not commute with B_h and QK-norm is
+nonlinear (the paper's key shortcut is not exact). That costs about 2 S H r d_h FLOPs per layer per token at
+context S (costs.py) in exchange for the smaller cache. The "materialized" decode path caches per-head K/V
+like MHA; it is the reference the tests compare the exact path with, not something to deploy.
 """
 
 from __future__ import annotations
@@ -20,13 +28,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention
-from lightning_modules.attention.kernel import attend
+from lightning_modules.attention.cache import LayerCache
+from lightning_modules.attention.kernel import attend, attention_probs
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 
 class LowRankKVAttention(Attention):
     knobs = frozenset({"rank", "lrkv_path", "residual_init"})
+    decode_paths = ("exact", "materialized")
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
@@ -106,6 +116,44 @@ class LowRankKVAttention(Attention):
         q, k = rope(q), rope(k)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, dh)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+    # ----- decoding ----------------------------------------------------------------------------------
+    def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        if path == "materialized":
+            return {"k": (H, dh), "v": (H, dh)}  # per-head K (after norm and RoPE) and V, as MHA
+        return {"k_s": (dh,), "v_s": (dh,), "l_k": (H, r), "l_v": (H, r)}
+
+    def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        B, T, _ = x.shape
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        start = cache.length
+        if cache.path == "materialized":
+            q, k, v = self._qkv(x)  # (B, T, H, dh) each
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            held = cache.append(k=rope(k, start), v=v)  # (B, S, H, dh) each
+            q = rope(q, start)
+            y = attend(q.transpose(1, 2), held["k"].transpose(1, 2), held["v"].transpose(1, 2))
+            return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+        # Exact path. The decode projection is the factorised one whatever lrkv_path trains with: the cache
+        # needs x W_s and the latents, not per-head K/V.
+        q, k_s, v_s, l_k, l_v = self.in_proj(x).split(self._split_sizes(), dim=-1)
+        held = cache.append(k_s=k_s, v_s=v_s, l_k=l_k.view(B, T, H, r), l_v=l_v.view(B, T, H, r))
+        # Keys of all S held positions rebuilt: K_s (B, S, 1, dh) + R^K_h (B^K_h)^T -> (B, S, H, dh).
+        k = held["k_s"].unsqueeze(2) + torch.einsum("bshr,hdr->bshd", held["l_k"], self.b_k)
+        q = q.view(B, T, H, dh)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, start), rope(k)  # keys at positions 0 .. S - 1
+        a = attention_probs(q.transpose(1, 2), k.transpose(1, 2), scale=1.0 / math.sqrt(dh))  # (B, H, T, S)
+        # Values absorbed, exactly: a_h V_h = a_h V_s + (a_h R^V_h) (B^V_h)^T.
+        y = torch.matmul(a, held["v_s"].unsqueeze(1))  # (B, H, T, S) @ (B, 1, S, dh) -> (B, H, T, dh)
+        mixed_latents = torch.matmul(
+            a, held["l_v"].transpose(1, 2)
+        )  # (B, H, T, S) @ (B, H, S, r) -> (B, H, T, r)
+        y = y + torch.einsum("bhtr,hdr->bhtd", mixed_latents, self.b_v)
+        return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention, check_even
+from lightning_modules.attention.cache import LayerCache
 from lightning_modules.attention.kernel import attend
 from lightning_modules.config import AttentionConfig, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
@@ -23,6 +24,7 @@ from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 class MultiHeadLatentAttention(Attention):
     knobs = frozenset({"kv_latent_dim", "rope_head_dim", "q_latent_dim"})
+    decode_paths = ("absorbed", "rebuilt")
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
@@ -71,19 +73,56 @@ class MultiHeadLatentAttention(Attention):
         q_rows = self.in_proj.out_features - self.d_c - self.d_r
         return {"in_proj.weight": (q_rows, self.d_c, self.d_r), "kv_up.weight": (H * dh, H * dh)}
 
-    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+    def _project(
+        self, x: Tensor, rope: RotaryEmbedding, start: int = 0
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """q^C (B, T, H, dh), RoPE'd q^R (B, T, H, d_R), normalised latent c (B, T, d_c) and RoPE'd shared key
+        k^R (B, T, 1, d_R), at positions start .."""
         B, T, _ = x.shape
         H, dh, d_r = self.n_head, self.head_dim, self.d_r
         q, c, k_r = self.in_proj(x).split([self.in_proj.out_features - self.d_c - d_r, self.d_c, d_r], dim=-1)
         if self.d_cq:
             q = self.q_up(self.q_norm(q))
         q_c, q_r = q.view(B, T, H, dh + d_r).split([dh, d_r], dim=-1)
-        k_c, v = self.kv_up(self.kv_norm(c)).view(B, T, 2, H, dh).unbind(dim=2)
-        k_r = rope(k_r.view(B, T, 1, d_r)).expand(B, T, H, d_r)  # one RoPE key shared by every head
-        q = torch.cat([q_c, rope(q_r)], dim=-1)  # (B, T, H, dh + d_R)
-        k = torch.cat([k_c, k_r], dim=-1)
+        return q_c, rope(q_r, start), self.kv_norm(c), rope(k_r.view(B, T, 1, d_r), start)
+
+    def _attend_rebuilt(self, q_c: Tensor, q_r: Tensor, c: Tensor, k_r: Tensor) -> Tensor:
+        """Attention with per-head keys and values built from the latent: q_c (B, T, H, dh), q_r (B, T, H, d_R),
+        c (B, S, d_c), k_r (B, S, 1, d_R). Returns (B, T, d)."""
+        B, T, H, dh = q_c.shape
+        S, d_r = c.shape[1], self.d_r
+        k_c, v = self.kv_up(c).view(B, S, 2, H, dh).unbind(dim=2)  # (B, S, H, dh) each
+        q = torch.cat([q_c, q_r], dim=-1)  # (B, T, H, dh + d_R)
+        k = torch.cat([k_c, k_r.expand(B, S, H, d_r)], dim=-1)  # one RoPE key shared by every head
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(dh + d_r))
         return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding) -> Tensor:
+        return self._attend_rebuilt(*self._project(x, rope))
+
+    def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
+        # One buffer [c ; k^R]: the absorbed scores read both as one key, and the values read its first d_c.
+        return {"latent": (self.d_c + self.d_r,)}
+
+    def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        B, T, _ = x.shape
+        H, dh, d_c, d_r = self.n_head, self.head_dim, self.d_c, self.d_r
+        q_c, q_r, c, k_r = self._project(x, rope, start=cache.length)
+        latent = cache.append(latent=torch.cat([c, k_r.view(B, T, d_r)], dim=-1))[
+            "latent"
+        ]  # (B, S, d_c + d_R)
+        if cache.path == "rebuilt":
+            c_all, k_r_all = latent.split([d_c, d_r], dim=-1)
+            return self._attend_rebuilt(q_c, q_r, c_all, k_r_all.unsqueeze(2))
+        # Absorbed (DeepSeek-V2): kv_up's rows are [W^UK (H dh) | W^UV (H dh)] over d_c inputs.
+        w_uk, w_uv = self.kv_up.weight.view(2, H, dh, d_c).unbind(dim=0)  # (H, dh, d_c) each
+        q_latent = torch.einsum("bthj,hjc->bthc", q_c, w_uk)  # q^C_h W^UK_h^T: (B, T, H, d_c)
+        q = torch.cat([q_latent, q_r], dim=-1).transpose(1, 2)  # (B, H, T, d_c + d_R)
+        kv = latent.unsqueeze(1)  # (B, 1, S, d_c + d_R): one key head shared by all H query heads
+        # Scores and scale are those of the full form: (q^C_h W^UK_h^T) . c + q^R_h . k^R = q_h . k_h.
+        o = attend(q, kv, kv[..., :d_c], scale=1.0 / math.sqrt(dh + d_r))  # (B, H, T, d_c), mixed latents
+        y = torch.einsum("bhtc,hjc->bthj", o, w_uv)  # through W^UV_h: (B, T, H, dh)
+        return self.out(y.reshape(B, T, H * dh))
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod
