@@ -3,14 +3,23 @@ says, absorbed / exact paths equal to their plainer references, and FLOPs as cos
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_modules import costs
 from lightning_modules.attention import REGISTRY
 from lightning_modules.attention.cache import LayerCache, caches_nbytes
+from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.generate import GenerateError, load_model, load_tokenizer, main
+from lightning_modules.generation import Sampling, generate
 from lightning_modules.layers import RMSNorm
 from lightning_modules.transformer import Transformer
 from tests.helpers import KINDS, attn, nano_model, tiny_model
@@ -170,3 +179,151 @@ def test_caches_are_not_stored_on_the_model() -> None:
         torch.testing.assert_close(torch.cat(out_a, 1), net(a), atol=1e-4, rtol=0)
         torch.testing.assert_close(torch.cat(out_b, 1), net(b), atol=1e-4, rtol=0)
     assert isinstance(ca[0], LayerCache) and not any(isinstance(v, LayerCache) for v in vars(net).values())
+
+
+# ----- generation: the loop, the command line, checkpoints and tokenizers ---------------------------------
+SENTENCES = [
+    "To be, or not to be, that is the question.",
+    "All the world's a stage, and all the men and women merely players.",
+    "The quality of mercy is not strained; it droppeth as the gentle rain from heaven.",
+    "Now is the winter of our discontent made glorious summer by this sun of York.",
+]
+
+
+def make_checkpoint(tmp_path: Path, kind: str = "lrkv") -> tuple[Path, Path]:
+    """A tiny byte-level BPE, its manifest, and a checkpoint in the training module's format."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(SENTENCES, trainer=trainer)
+    tokenizer.save(str(data_dir / "tokenizer.json"))
+    (data_dir / "manifest.json").write_text(json.dumps({"tokenizer": "tokenizer.json", "eot_id": 0}))
+    model_cfg = tiny_model(vocab_size=tokenizer.get_vocab_size(), init_std=0.2)
+    attention_cfg = AttentionConfig(kind=kind)
+    torch.manual_seed(0)
+    net = Transformer(model_cfg, attention_cfg)
+    ckpt = {
+        "hyper_parameters": {
+            "arch": dataclasses.asdict(model_cfg),
+            "attention": dataclasses.asdict(attention_cfg),
+        },
+        "state_dict": {f"model.{k}": v for k, v in net.state_dict().items()},
+        "datamodule_hyper_parameters": {"data_dir": str(data_dir)},
+    }
+    path = tmp_path / "last.ckpt"
+    torch.save(ckpt, path)
+    return path, data_dir
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_generation_equals_argmax_over_full_forwards(kind: str) -> None:
+    """The cached loop picks the same tokens as re-running the whole sequence each step."""
+    net = build(kind)
+    prompt = tokens(1, 5)[0].tolist()
+    new = generate(net, prompt, 20, Sampling(greedy=True))
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(20):
+            logits = net(torch.tensor([seq]))[0, -1, : net.config.vocab_size]
+            seq.append(int(logits.argmax()))
+    assert new == seq[len(prompt) :]
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy() -> None:
+    net = build("mla")
+    prompt = [3, 1, 4]
+    a = generate(net, prompt, 15, Sampling(temperature=1.0), seed=7)
+    assert a == generate(net, prompt, 15, Sampling(temperature=1.0), seed=7)
+    assert generate(net, prompt, 15, Sampling(top_k=1), seed=1) == generate(
+        net, prompt, 15, Sampling(greedy=True)
+    )
+    assert all(0 <= t < net.config.vocab_size for t in a)
+
+
+def test_generation_stops_at_eot_and_at_the_context() -> None:
+    net = build("gqa")
+    first = generate(net, [5, 6], 10, Sampling(greedy=True))
+    assert generate(net, [5, 6], 10, Sampling(greedy=True), eot_id=first[2]) == first[:3]
+    with pytest.raises(
+        ValueError, match=r"prompt \(2 tokens\) \+ max_new_tokens \(63\) exceeds .* seq_len=64"
+    ):
+        generate(net, [5, 6], 63)
+    with pytest.raises(ValueError, match="top_k=0"):
+        Sampling(top_k=0)
+
+
+def test_cli_streams_text_and_respects_max_new_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, data_dir = make_checkpoint(tmp_path)
+    args = [
+        "--ckpt",
+        str(ckpt),
+        "--prompt",
+        "To be, or",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        "--ignore-eot",
+    ]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("To be, or") and len(out.strip()) > len("To be, or")
+    assert re.search(r"\[12 new tokens in ", err), err
+    model, _ = load_model(ckpt)
+    tokenizer, eot = load_tokenizer(data_dir)
+    prompt = [eot] + tokenizer.encode("To be, or").ids
+    expected = tokenizer.decode(generate(model, prompt, 12, Sampling(greedy=True)))
+    assert out == "To be, or" + expected + "\n"
+    assert main(args) == 0  # greedy: the same text again
+    assert capsys.readouterr().out == out
+
+
+def test_cli_sampling_with_seed_repeats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt, _ = make_checkpoint(tmp_path, kind="mla")
+    args = ["--ckpt", str(ckpt), "--prompt", "All the", "--max-new-tokens", "8", "--temperature", "0.8"]
+    assert main([*args, "--top-k", "20", "--seed", "3"]) == 0
+    first = capsys.readouterr().out
+    assert main([*args, "--top-k", "20", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_cli_errors_name_the_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt, data_dir = make_checkpoint(tmp_path)
+    assert main(["--ckpt", str(tmp_path / "nope.ckpt"), "--prompt", "x"]) == 2
+    assert "nope.ckpt: no such checkpoint file" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--ckpt", str(ckpt), "--prompt", "x", "--data-dir", str(empty)]) == 2
+    assert f"{empty / 'manifest.json'}: no data manifest" in capsys.readouterr().err
+    assert main(["--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "500"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "exceeds the model's context seq_len=32" in err
+    (data_dir / "tokenizer.json").unlink()
+    assert main(["--ckpt", str(ckpt), "--prompt", "x"]) == 2
+    assert "tokenizer.json: tokenizer named by" in capsys.readouterr().err
+    bad = tmp_path / "bad.ckpt"
+    torch.save({"state_dict": {}}, bad)
+    with pytest.raises(
+        GenerateError, match="not a training checkpoint of this project \\(no 'hyper_parameters'\\)"
+    ):
+        load_model(bad)
+
+
+def test_checkpoint_of_a_compiled_model_loads(tmp_path: Path) -> None:
+    ckpt_path, _ = make_checkpoint(tmp_path)
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt["state_dict"] = {
+        k.replace("model.", "model._orig_mod.", 1): v for k, v in ckpt["state_dict"].items()
+    }
+    torch.save(ckpt, ckpt_path)
+    model, _ = load_model(ckpt_path)
+    assert isinstance(model.config, ModelConfig) and model.attention_config.kind == "lrkv"
