@@ -1,0 +1,167 @@
+"""Muon for the block matrices and AdamW for the rest, in one optimiser (PAPER.md "Training recipe").
+
+One optimiser rather than two keeps Lightning's automatic optimisation: gradient clipping, accumulation
+and one LR schedule over every group (each group keeps its own base LR).
+
+Muon orthogonalises logical matrices, not storage.
+
+torch.optim.Muon (torch 2.13) orthogonalises each 2-D parameter as a whole. Our attention layers fuse
+projections for speed ([W_q | W_k | W_v] in one weight) and LRKV keeps its per-head factors B_h as one
+(H, d_h, r) tensor; orthogonalising the fused storage would change the update with the storage layout, and
+would differ between variants for reasons that have nothing to do with attention. This optimiser runs
+exactly torch.optim.Muon's update (same momentum, Nesterov, Newton-Schulz iteration and coefficients, LR
+adjustment, decoupled weight decay), but on each logical block: row blocks of a fused weight
+(Attention.muon_blocks) and each matrix of a 3-D parameter. With no blocks it equals torch.optim.Muon
+(tests/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _adjust_lr, _zeropower_via_newtonschulz
+from torch.optim.adamw import adamw
+
+
+def orthogonalise(
+    update: Tensor, rows: tuple[int, ...] | None, ns: tuple[float, float, float], steps: int, eps: float
+) -> Tensor:
+    """Newton-Schulz per logical matrix: each (rows_i, cols) block of a 2-D update, or each matrix of a 3-D
+    update, is orthogonalised alone; the result has update's shape."""
+    if update.ndim == 3:
+        return torch.stack([_zeropower_via_newtonschulz(m, ns, steps, eps) for m in update])
+    if rows is None:
+        return _zeropower_via_newtonschulz(update, ns, steps, eps)
+    return torch.cat(
+        [_zeropower_via_newtonschulz(block, ns, steps, eps) for block in update.split(list(rows))]
+    )
+
+
+class MuonAdamW(Optimizer):
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = (DEFAULT_A, DEFAULT_B, DEFAULT_C),
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        betas: tuple[float, float] = (0.9, 0.95),
+        adam_eps: float = 1e-8,
+        blocks: dict[Tensor, tuple[int, ...]] | None = None,
+    ) -> None:
+        """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps)."""
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_coefficients=ns_coefficients,
+            eps=eps,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+            betas=betas,
+            adam_eps=adam_eps,
+            use_muon=True,
+        )
+        super().__init__(params, defaults)
+        self.blocks = blocks or {}
+        for group in self.param_groups:
+            if not group["use_muon"]:
+                continue
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise ValueError(
+                        f"Muon takes 2-D matrices or 3-D stacks of matrices, got shape {tuple(p.shape)}"
+                    )
+                rows = self.blocks.get(p)
+                if rows is not None and (p.ndim != 2 or sum(rows) != p.shape[0]):
+                    raise ValueError(
+                        f"blocks {rows} do not split the rows of a parameter of shape {tuple(p.shape)}"
+                    )
+
+    def block_shapes(self, p: Tensor) -> list[torch.Size]:
+        """Shapes of the logical matrices of p (what the LR adjustment sees)."""
+        if p.ndim == 3:
+            return [p.shape[1:]] * p.shape[0]
+        rows = self.blocks.get(p)
+        return [torch.Size((r, p.shape[1])) for r in rows] if rows else [p.shape]
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if not group["use_muon"]:
+                self._adamw_step(group)
+                continue
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalise(
+                    update, self.blocks.get(p), group["ns_coefficients"], group["ns_steps"], group["eps"]
+                )
+                p.mul_(1 - lr * group["weight_decay"])
+                self._apply(p, update, lr, group["adjust_lr_fn"])
+        return loss
+
+    def _adamw_step(self, group: dict) -> None:
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        beta1, beta2 = group["betas"]
+        adamw(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            foreach=False,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["adam_eps"],
+            maximize=False,
+        )
+
+    def _apply(self, p: Tensor, update: Tensor, lr: float, adjust_lr_fn: str | None) -> None:
+        shapes = self.block_shapes(p)
+        if len(set(shapes)) == 1:  # one LR for the whole parameter
+            p.add_(update.to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shapes[0]))
+            return
+        start = 0
+        for shape in shapes:  # row blocks of unequal shapes: each its own adjusted LR
+            rows = shape[0]
+            p[start : start + rows].add_(
+                update[start : start + rows].to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shape)
+            )
+            start += rows

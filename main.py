@@ -1,0 +1,17 @@
+"""Entry point: python main.py fit|validate|test --config conf/base.yaml --config conf/model/nano.yaml ...
+
+See README.md for the configs and lightning_modules/cli.py for what the CLI adds to LightningCLI.
+"""
+
+from __future__ import annotations
+
+from lightning_modules.cli import LanguageModelCLI
+from lightning_modules.cli import main as _main
+
+
+def main(args: list[str] | None = None) -> LanguageModelCLI:
+    return _main(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Fixtures shared across test folders: a tiny prepared corpus and an isolated MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_SEQ_LEN = 32
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six of Shakespeare's texts as shards: vocab 512, 32-token samples (seconds to build)."""
+    from data.prepare import main as prepare
+    from data.sources import shakespeare_files
+
+    out = tmp_path_factory.mktemp("shards")
+    files = [str(p) for p in shakespeare_files()[:6]]
+    args = [*files, "--out", str(out), "--vocab-size", "512", "--seq-len", str(TINY_SEQ_LEN), "--no-progress"]
+    assert prepare([*args, "--shard-samples", "256", "--val-frac", "0.1", "--test-frac", "0.1"]) == 0
+    return out
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs in tmp_path (checkpoints/ land there) with their own SQLite store."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

@@ -1,0 +1,83 @@
+"""MuonAdamW runs torch.optim.Muon's and torch.optim.AdamW's updates, on logical matrices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_modules.optim.muon import MuonAdamW
+
+
+def _grads(params: list[torch.Tensor], seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def _pair(shape: tuple[int, ...]) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(shape))
+    return a, torch.nn.Parameter(a.detach().clone())
+
+
+@pytest.mark.parametrize("shape", [(16, 8), (8, 24)])
+def test_muon_group_equals_torch_muon(shape: tuple[int, int]) -> None:
+    ours, ref = _pair(shape)
+    opt = MuonAdamW([{"params": [ours], "use_muon": True}], lr=0.02, weight_decay=0.1)
+    ref_opt = torch.optim.Muon([ref], lr=0.02, weight_decay=0.1)
+    for step in range(3):
+        _grads([ours], step)
+        _grads([ref], step)
+        opt.step()
+        ref_opt.step()
+    assert torch.equal(ours, ref)
+    assert not torch.equal(ours, _pair(shape)[0])  # it moved
+
+
+def test_adamw_group_equals_torch_adamw() -> None:
+    ours, ref = _pair((10,))
+    opt = MuonAdamW([{"params": [ours], "use_muon": False}], lr=0.004, weight_decay=0.1, betas=(0.9, 0.95))
+    ref_opt = torch.optim.AdamW([ref], lr=0.004, weight_decay=0.1, betas=(0.9, 0.95), foreach=False)
+    for step in range(3):
+        _grads([ours], step)
+        _grads([ref], step)
+        opt.step()
+        ref_opt.step()
+    torch.testing.assert_close(ours, ref, atol=0, rtol=0)
+
+
+def test_row_blocks_update_like_separate_matrices() -> None:
+    """A fused [A; B] weight with blocks (4, 12) moves exactly as separate A and B under torch's Muon."""
+    fused, _ = _pair((16, 8))
+    a = torch.nn.Parameter(fused.detach()[:4].clone())
+    b = torch.nn.Parameter(fused.detach()[4:].clone())
+    opt = MuonAdamW([{"params": [fused], "use_muon": True}], lr=0.02, blocks={fused: (4, 12)})
+    ref_opt = torch.optim.Muon([a, b], lr=0.02)
+    for step in range(3):
+        _grads([fused], step)
+        a.grad, b.grad = fused.grad[:4].clone(), fused.grad[4:].clone()
+        opt.step()
+        ref_opt.step()
+    assert torch.equal(fused.detach(), torch.cat([a.detach(), b.detach()]))
+
+
+def test_three_d_parameter_is_one_matrix_per_slice() -> None:
+    stack, _ = _pair((3, 8, 4))
+    slices = [torch.nn.Parameter(stack.detach()[i].clone()) for i in range(3)]
+    opt = MuonAdamW([{"params": [stack], "use_muon": True}], lr=0.02)
+    ref_opt = torch.optim.Muon(slices, lr=0.02)
+    for step in range(2):
+        _grads([stack], step)
+        for i, s in enumerate(slices):
+            s.grad = stack.grad[i].clone()
+        opt.step()
+        ref_opt.step()
+    assert torch.equal(stack.detach(), torch.stack([s.detach() for s in slices]))
+
+
+def test_rejects_vectors_and_bad_blocks() -> None:
+    with pytest.raises(ValueError, match="Muon takes 2-D matrices"):
+        MuonAdamW([{"params": [torch.nn.Parameter(torch.ones(4))], "use_muon": True}])
+    p = torch.nn.Parameter(torch.ones(6, 2))
+    with pytest.raises(ValueError, match=r"blocks \(2, 3\) do not split"):
+        MuonAdamW([{"params": [p], "use_muon": True}], blocks={p: (2, 3)})
