@@ -2,27 +2,30 @@
 
 Caches are passed in, never stored on modules (DESIGN.md "The attention family"), so one model can serve
 several generations at once and the training forward stays untouched. Each variant says what it caches
-per token (`Attention.cache_layout`); this class only allocates, appends and counts. A buffer is
-(B, max_len, *per_token_shape): time on dim 1, like the (B, T, heads, dim) layout of the layers.
+per token (`Attention.cache_layout`); this class only allocates, appends and counts. A layout gives each
+buffer's shape without the batch, with TIME where the positions go: (G, TIME, dh) is a (B, G, max_len, dh)
+buffer, head-major, which the attention kernels read without a copy ((TIME, G, dh) would be strided).
 Preallocation (rather than torch.cat per step) keeps a step free of copies of the whole cache, and makes
 the bytes held a fixed, measurable quantity: sum of the buffers' nbytes = elements per token x max_len.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+TIME = -1  # marks the time axis in a cache layout
+
 
 @dataclass
 class LayerCache:
-    """buffers: name -> (B, max_len, *shape); path: which decode path filled it (a variant may have several,
-    e.g. mla "absorbed" and "rebuilt"); length: positions 0 .. length - 1 are filled."""
+    """buffers: name -> (B, *shape) with max_len at the buffer's time dim; path: which decode path filled it (a
+    variant may have several, e.g. mla "absorbed" and "rebuilt"); length: positions 0 .. length - 1 are filled."""
 
     buffers: dict[str, Tensor]
+    time_dims: dict[str, int]
     path: str
     length: int = 0
 
@@ -36,22 +39,28 @@ class LayerCache:
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> LayerCache:
-        buffers = {
-            name: torch.zeros(batch, max_len, *shape, device=device, dtype=dtype)
-            for name, shape in layout.items()
-        }
-        return cls(buffers, path)
+        buffers, time_dims = {}, {}
+        for name, shape in layout.items():
+            if shape.count(TIME) != 1:
+                raise ValueError(f"cache layout {name}={shape}: needs exactly one TIME axis")
+            size = [max_len if n == TIME else n for n in shape]
+            buffers[name] = torch.zeros(batch, *size, device=device, dtype=dtype)
+            time_dims[name] = 1 + shape.index(TIME)
+        return cls(buffers, time_dims, path)
 
     @property
     def max_len(self) -> int:
-        return next(iter(self.buffers.values())).shape[1]
+        name = next(iter(self.buffers))
+        return self.buffers[name].shape[self.time_dims[name]]
 
     def append(self, **new: Tensor) -> dict[str, Tensor]:
-        """Write T new positions into every buffer after the filled ones; return each buffer's filled prefix
-        (B, length + T, *shape) as a view. Every buffer must be given, with the same T."""
+        """Write T new positions into every buffer after the filled ones (each value shaped like its buffer,
+        with T at the time dim); return each buffer's filled prefix, length + T positions, as a view.
+        Every buffer must be given, with the same T."""
         if set(new) != set(self.buffers):
             raise KeyError(f"append needs exactly {sorted(self.buffers)}, got {sorted(new)}")
-        T = next(iter(new.values())).shape[1]
+        name = next(iter(new))
+        T = new[name].shape[self.time_dims[name]]
         end = self.length + T
         if end > self.max_len:
             raise ValueError(
@@ -59,16 +68,16 @@ class LayerCache:
                 "allocate the cache for the whole generation (prompt + new tokens)"
             )
         for name, value in new.items():
-            self.buffers[name][:, self.length : end] = value
+            self.buffers[name].narrow(self.time_dims[name], self.length, T).copy_(value)
         self.length = end
-        return {name: buffer[:, :end] for name, buffer in self.buffers.items()}
+        return {name: b.narrow(self.time_dims[name], 0, end) for name, b in self.buffers.items()}
 
     def nbytes(self) -> int:
         """Bytes the cache holds (allocated, whether filled or not)."""
         return sum(b.nbytes for b in self.buffers.values())
 
     def elements_per_token(self) -> int:
-        return sum(math.prod(b.shape[2:]) for b in self.buffers.values())
+        return sum(b[0].numel() // self.max_len for b in self.buffers.values())
 
 
 def caches_nbytes(caches: list[LayerCache]) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention, check_divides
-from lightning_modules.attention.cache import LayerCache
+from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend
 from lightning_modules.config import AttentionConfig, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
@@ -60,13 +60,13 @@ class GroupedQueryAttention(Attention):
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
     def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
-        return {"k": (self.n_kv, self.head_dim), "v": (self.n_kv, self.head_dim)}
+        return {"k": (self.n_kv, TIME, self.head_dim), "v": (self.n_kv, TIME, self.head_dim)}
 
     def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
         B, T, _ = x.shape
         q, k, v = self._qkv(x, rope, start=cache.length)
-        held = cache.append(k=k, v=v)  # (B, S, G, dh) each, S = positions held, the new ones included
-        y = attend(q.transpose(1, 2), held["k"].transpose(1, 2), held["v"].transpose(1, 2))  # (B, H, T, dh)
+        held = cache.append(k=k.transpose(1, 2), v=v.transpose(1, 2))  # (B, G, S, dh), S = positions held
+        y = attend(q.transpose(1, 2), held["k"], held["v"])  # (B, H, T, dh)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
     def init_weights(self, std: float, out_std: float) -> None:

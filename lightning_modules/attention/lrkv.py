@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention
-from lightning_modules.attention.cache import LayerCache
+from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend, attention_probs
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
@@ -120,40 +120,51 @@ class LowRankKVAttention(Attention):
     # ----- decoding ----------------------------------------------------------------------------------
     def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
         H, dh, r = self.n_head, self.head_dim, self.rank
-        if path == "materialized":
-            return {"k": (H, dh), "v": (H, dh)}  # per-head K (after norm and RoPE) and V, as MHA
-        return {"k_s": (dh,), "v_s": (dh,), "l_k": (H, r), "l_v": (H, r)}
+        if path == "materialized":  # per-head K (after norm and RoPE) and V, as MHA
+            return {"k": (H, TIME, dh), "v": (H, TIME, dh)}
+        # Latents head-major, (B, H, S, r): the per-head products below read them without a copy.
+        return {"k_s": (TIME, dh), "v_s": (TIME, dh), "l_k": (H, TIME, r), "l_v": (H, TIME, r)}
 
     def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
         B, T, _ = x.shape
         H, dh, r = self.n_head, self.head_dim, self.rank
         start = cache.length
         if cache.path == "materialized":
-            q, k, v = self._qkv(x)  # (B, T, H, dh) each
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            held = cache.append(k=rope(k, start), v=v)  # (B, S, H, dh) each
-            q = rope(q, start)
-            y = attend(q.transpose(1, 2), held["k"].transpose(1, 2), held["v"].transpose(1, 2))
-            return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
-        # Exact path. The decode projection is the factorised one whatever lrkv_path trains with: the cache
-        # needs x W_s and the latents, not per-head K/V.
+            return self._decode_materialized(x, rope, cache)
+        # The decode projection is the factorised one whatever lrkv_path trains with: the cache needs x W_s
+        # and the latents, not per-head K/V.
         q, k_s, v_s, l_k, l_v = self.in_proj(x).split(self._split_sizes(), dim=-1)
-        held = cache.append(k_s=k_s, v_s=v_s, l_k=l_k.view(B, T, H, r), l_v=l_v.view(B, T, H, r))
-        # Keys of all S held positions rebuilt: K_s (B, S, 1, dh) + R^K_h (B^K_h)^T -> (B, S, H, dh).
-        k = held["k_s"].unsqueeze(2) + torch.einsum("bshr,hdr->bshd", held["l_k"], self.b_k)
+        held = cache.append(
+            k_s=k_s,
+            v_s=v_s,
+            l_k=l_k.view(B, T, H, r).transpose(1, 2),
+            l_v=l_v.view(B, T, H, r).transpose(1, 2),
+        )
+        # Keys of all S held positions rebuilt: R^K_h (B^K_h)^T (B, H, S, dh) + K_s (B, 1, S, dh), in place so
+        # the result stays one contiguous head-major tensor (the norm below is ~3x slower on a strided one).
+        k = torch.einsum("bhsr,hdr->bhsd", held["l_k"], self.b_k).add_(held["k_s"].unsqueeze(1))
         q = q.view(B, T, H, dh)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, start), rope(k)  # keys at positions 0 .. S - 1
-        a = attention_probs(q.transpose(1, 2), k.transpose(1, 2), scale=1.0 / math.sqrt(dh))  # (B, H, T, S)
+        q = rope(q, start).transpose(1, 2)  # (B, H, T, dh)
+        k = rope(k.transpose(1, 2)).transpose(1, 2)  # RoPE reads (B, S, H, dh): keys at positions 0 .. S - 1
+        a = attention_probs(q, k, scale=1.0 / math.sqrt(dh))  # (B, H, T, S)
         # Values absorbed, exactly: a_h V_h = a_h V_s + (a_h R^V_h) (B^V_h)^T.
         y = torch.matmul(a, held["v_s"].unsqueeze(1))  # (B, H, T, S) @ (B, 1, S, dh) -> (B, H, T, dh)
-        mixed_latents = torch.matmul(
-            a, held["l_v"].transpose(1, 2)
-        )  # (B, H, T, S) @ (B, H, S, r) -> (B, H, T, r)
+        mixed_latents = torch.matmul(a, held["l_v"])  # (B, H, T, S) @ (B, H, S, r) -> (B, H, T, r)
         y = y + torch.einsum("bhtr,hdr->bhtd", mixed_latents, self.b_v)
         return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+
+    def _decode_materialized(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        """Reference for the tests: per-head K/V built and cached as MHA would (an MHA-sized cache)."""
+        B, T, _ = x.shape
+        start = cache.length
+        q, k, v = self._qkv(x)  # (B, T, H, dh) each
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        held = cache.append(k=rope(k, start).transpose(1, 2), v=v.transpose(1, 2))  # (B, H, S, dh) each
+        y = attend(rope(q, start).transpose(1, 2), held["k"], held["v"])  # (B, H, T, dh)
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention, check_even
-from lightning_modules.attention.cache import LayerCache
+from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend
 from lightning_modules.config import AttentionConfig, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
@@ -102,7 +102,7 @@ class MultiHeadLatentAttention(Attention):
 
     def cache_layout(self, path: str) -> dict[str, tuple[int, ...]]:
         # One buffer [c ; k^R]: the absorbed scores read both as one key, and the values read its first d_c.
-        return {"latent": (self.d_c + self.d_r,)}
+        return {"latent": (TIME, self.d_c + self.d_r)}
 
     def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
         B, T, _ = x.shape
