@@ -1,0 +1,345 @@
+"""ShardDataModule: streams the shards of data.prepare evenly over ranks and workers, and resumes exactly.
+
+Batches are LongTensor (batch_size, seq_len + 1): input = batch[:, :-1], target = batch[:, 1:].
+The sample layout, the split of the work and the resume rule are described in data/manifest.py and
+data/plan.py. In short: every rank gets the same number of train batches per epoch, shuffled from
+(seed, epoch); validation and test read each sample exactly once across ranks and workers, with the same
+number of batches on every rank; state_dict() holds (epoch, batches delivered in it), which Lightning
+stores in checkpoints, and a fresh DataModule that loads it continues with exactly the next batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from data.errors import DataError, ManifestError, ShardError
+from data.manifest import SPLITS, Manifest
+from data.plan import train_batches_per_rank
+from data.streaming import EvalStream, ShardSet, TrainStream
+from data.verify import verify
+
+log = logging.getLogger(__name__)
+
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
+
+
+class ShardDataModule(L.LightningDataModule):
+    """WebDataset shards written by `python -m data.prepare` (the folder holding manifest.json).
+
+    Args:
+        data_dir: folder with manifest.json, tokenizer and shards.
+        batch_size: training samples per batch on each rank.
+        num_workers: DataLoader worker processes per rank (0: read in the main process).
+        seed: shard order and shuffle buffer derive from (seed, epoch).
+        shuffle_buffer: samples held by each worker's shuffle buffer (1: no sample shuffling).
+        seq_len: expected sequence length; an error if the shards were built with another one.
+        val_batch_size: validation/test batch size (default: batch_size).
+        verify: before use, check the shards of the splits a stage reads: "full" (sha256, counts, every
+            sample's shape and ids), "quick" (sha256 and counts) or "off". Reading always checks keys,
+            shapes and ids of what it decodes.
+        skip_bad_shards: leave out shards that fail verification (logged with their names) instead of
+            stopping. Off by default: bad data should stop a run, not thin it silently.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        batch_size: int = 32,
+        num_workers: int = 2,
+        seed: int = 0,
+        shuffle_buffer: int = 1024,
+        seq_len: int | None = None,
+        val_batch_size: int | None = None,
+        verify: Literal["full", "quick", "off"] = "full",
+        skip_bad_shards: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
+            raise ValueError("batch_size and val_batch_size must be positive")
+        if num_workers < 0 or shuffle_buffer < 1:
+            raise ValueError("num_workers must be >= 0 and shuffle_buffer >= 1")
+        if verify not in ("full", "quick", "off"):
+            raise ValueError(f"verify={verify!r}: choose 'full', 'quick' or 'off'")
+        self.data_dir = str(data_dir)
+        self.manifest = Manifest.load(data_dir)
+        if seq_len is not None and seq_len != self.manifest.seq_len:
+            raise ManifestError(
+                f"seq_len {seq_len} differs from the shards' {self.manifest.seq_len} "
+                f"({Path(data_dir) / 'manifest.json'}); rebuild with --seq-len {seq_len} or set seq_len to "
+                f"{self.manifest.seq_len}"
+            )
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.shuffle_buffer, self.val_batch_size = shuffle_buffer, val_batch_size or batch_size
+        self.verify_mode, self.skip_bad_shards = verify, skip_bad_shards
+        self._shards: dict[str, ShardSet] = {}
+        self._rank_override: tuple[int, int] | None = None
+        # Train position: epoch and batches of it delivered to the training loop on this rank.
+        self._epoch, self._consumed, self._started = 0, 0, False
+        self._restored: dict[str, Any] | None = None
+
+    # ---- what the model and the CLI read -------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.vocab_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.manifest.seq_len
+
+    @property
+    def eot_id(self) -> int:
+        return self.manifest.eot_id
+
+    @property
+    def tokenizer_path(self) -> str:
+        return str(Path(self.data_dir) / self.manifest.tokenizer)
+
+    def tokens(self, split: str) -> int:
+        """Target tokens in the split (samples x seq_len): what one full pass trains or evaluates on."""
+        return self.manifest.split(split).tokens
+
+    def text_bytes(self, split: str) -> int:
+        """UTF-8 bytes of the split's text: bits/byte = mean loss / ln 2 * tokens(split) / text_bytes(split)."""
+        return self.manifest.split(split).text_bytes
+
+    def samples(self, split: str) -> int:
+        return self.manifest.split(split).samples
+
+    # ---- ranks ---------------------------------------------------------------------------------------
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Pretend to be `rank` of `world_size` (tests, custom launchers); otherwise the trainer decides."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        self._rank_override = (rank, world_size)
+
+    @property
+    def rank(self) -> int:
+        return self._distributed()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._distributed()[1]
+
+    def _distributed(self) -> tuple[int, int]:
+        if self._rank_override is not None:
+            return self._rank_override
+        if self.trainer is not None:
+            return self.trainer.global_rank, self.trainer.world_size
+        return 0, 1
+
+    # ---- Lightning hooks -----------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # Verify now, before the first step, what this stage will read.
+        for split in STAGE_SPLITS.get(stage, ()):
+            if split != "train" and self.samples(split) == 0:
+                continue
+            self.shard_set(split)
+
+    def train_dataloader(self) -> _TrainLoader:
+        self.shard_set("train")
+        return _TrainLoader(self)
+
+    def val_dataloader(self) -> _EvalLoader | list:
+        # An empty split (--val-frac 0) means no validation, which Lightning spells as an empty list.
+        return _EvalLoader(self, "val") if self.samples("val") else []
+
+    def test_dataloader(self) -> _EvalLoader | list:
+        return _EvalLoader(self, "test") if self.samples("test") else []
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Lightning calls this once per batch it hands to training_step, after its own prefetching, so
+        # the count (saved in checkpoints) is of batches trained on, not of batches fetched from workers.
+        if self.trainer is not None and self.trainer.training:
+            self._consumed += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._restored is not None:  # loaded but not yet iterated: hand the same position on
+            return dict(self._restored)
+        rank, world = self._distributed()
+        return {
+            "epoch": self._epoch,
+            "batches_consumed": self._consumed,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": world,
+            "streams": self._streams,
+            "train_data": self._train_fingerprint(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = {"epoch", "batches_consumed", "seed", "batch_size", "world_size", "streams"} - set(
+            state_dict
+        )
+        if missing:
+            raise ManifestError(f"data state from the checkpoint lacks {sorted(missing)}")
+        self._restored = dict(state_dict)
+
+    # ---- shards --------------------------------------------------------------------------------------
+    def shard_set(self, split: str) -> ShardSet:
+        """The split's readable shards, verified once (stops on a bad shard unless skip_bad_shards)."""
+        if split not in self._shards:
+            self._shards[split] = self._verified(split)
+        return self._shards[split]
+
+    def _verified(self, split: str) -> ShardSet:
+        info = self.manifest.split(split)
+        bad: dict[str, str] = {}
+        if self.verify_mode != "off":
+            problems = verify(self.data_dir, self.manifest, [split], full=self.verify_mode == "full")
+            bad = {p.path: p.message for p in problems}
+        if bad:
+            lines = "\n".join(f"  {Path(self.data_dir) / path}: {message}" for path, message in bad.items())
+            if not self.skip_bad_shards:
+                raise ShardError(
+                    f"{len(bad)} bad {split} shard(s) in {self.data_dir} (check all with "
+                    f"`python -m data.verify {self.data_dir}`):\n{lines}"
+                )
+            log.warning(
+                "skip_bad_shards: leaving out %d of %d %s shards:\n%s",
+                len(bad),
+                len(info.shards),
+                split,
+                lines,
+            )
+        good = [shard for shard in info.shards if shard.path not in bad]
+        if not good:
+            raise ShardError(f"no usable {split} shards in {self.data_dir}")
+        m = self.manifest
+        paths, counts = tuple(s.path for s in good), tuple(s.samples for s in good)
+        return ShardSet(self.data_dir, paths, counts, m.seq_len, m.vocab_size, m.dtype)
+
+    # ---- train position ------------------------------------------------------------------------------
+    @property
+    def _streams(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Train batches per epoch on every rank."""
+        shards = self.shard_set("train")
+        world = self.world_size
+        count = train_batches_per_rank(shards.samples, world, self.batch_size)
+        if count == 0:
+            raise DataError(
+                f"{shards.samples} train samples give no batch of {self.batch_size} on each of {world} ranks"
+            )
+        return count
+
+    def _begin_epoch(self) -> tuple[int, int]:
+        """(epoch, batches already consumed) for the train iteration that is starting."""
+        batches = self.batches_per_epoch
+        if self._restored is not None:
+            state, self._restored = self._restored, None
+            self._check_resumable(state)
+            epoch, consumed = int(state["epoch"]), int(state["batches_consumed"])
+            if consumed >= batches:  # checkpoint taken at the end of an epoch
+                epoch, consumed = epoch + 1, 0
+        elif self._started:
+            epoch, consumed = self._epoch + 1, 0
+        else:
+            epoch, consumed = self._epoch, 0
+        self._epoch, self._consumed, self._started = epoch, consumed, True
+        return epoch, consumed
+
+    def _train_fingerprint(self) -> str:
+        """Identifies the train shards read (content and order), so a resume on other data is caught."""
+        used = set(self.shard_set("train").paths)
+        digests = [s.sha256 for s in self.manifest.split("train").shards if s.path in used]
+        return hashlib.sha256(" ".join(digests).encode()).hexdigest()[:16]
+
+    def _check_resumable(self, state: dict[str, Any]) -> None:
+        now = {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "streams": self._streams,
+        }
+        if "train_data" in state:
+            now["train_data"] = self._train_fingerprint()
+        differ = [f"{k}: checkpoint {state[k]!r}, now {v!r}" for k, v in now.items() if state[k] != v]
+        if differ:
+            raise DataError(
+                "cannot continue the data stream exactly: the checkpoint was taken with other data settings ("
+                + "; ".join(differ)
+                + "); num_workers decides the streams (max(1, num_workers))"
+            )
+
+    def _loader(self, dataset: torch.utils.data.IterableDataset) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=None,  # the datasets yield whole batches
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            in_order=True,  # batch order is part of the plan
+        )
+
+
+class _TrainLoader:
+    """One pass = one epoch. Lazy: Lightning calls iter() once just to check, which must not start an epoch."""
+
+    def __init__(self, datamodule: ShardDataModule) -> None:
+        self.dm = datamodule
+
+    # Lightning also saves and restores a train loader's own state when it has one; forwarding to the
+    # DataModule keeps a single position and tells Lightning that mid-epoch checkpoints resume exactly.
+    def state_dict(self) -> dict[str, Any]:
+        return self.dm.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.dm.load_state_dict(state_dict)
+
+    def __len__(self) -> int:
+        # Whole epoch even when resuming mid-epoch: Lightning restores its own batch counter and stops the
+        # epoch at this length, which is when our stream ends as well.
+        return self.dm.batches_per_epoch
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        dm = self.dm
+        epoch, consumed = dm._begin_epoch()
+        if consumed >= dm.batches_per_epoch:
+            return
+        rank, world = dm._distributed()
+        dataset = TrainStream(
+            dm.shard_set("train"),
+            seed=dm.seed,
+            epoch=epoch,
+            rank=rank,
+            world=world,
+            streams=dm._streams,
+            batch_size=dm.batch_size,
+            buffer=dm.shuffle_buffer,
+            consumed=consumed,
+        )
+        for index, batch in enumerate(dm._loader(dataset), start=consumed):
+            if dm.trainer is None:  # no trainer, no hook: whoever iterates is the consumer
+                dm._consumed = index + 1
+            yield batch
+
+
+class _EvalLoader:
+    def __init__(self, datamodule: ShardDataModule, split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(split)
+        self.dm, self.split = datamodule, split
+
+    def _dataset(self) -> EvalStream:
+        rank, world = self.dm._distributed()
+        return EvalStream(
+            self.dm.shard_set(self.split), rank=rank, world=world, batch_size=self.dm.val_batch_size
+        )
+
+    def __len__(self) -> int:
+        return len(self._dataset())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        yield from self.dm._loader(self._dataset())

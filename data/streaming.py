@@ -1,0 +1,189 @@
+"""IterableDatasets that read the plan of data/plan.py from the shards with WebDataset, batch by batch.
+
+Each yields whole batches, LongTensor (batch, seq_len + 1), so that one DataLoader task is one batch and the
+DataLoader's round-robin over workers delivers the batches in plan order.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import IterableDataset, get_worker_info
+
+from data.errors import ShardError
+from data.plan import Piece, eval_batches, pieces_for_range, train_stream_plan
+from data.shards import SAMPLE_FIELD, decode_npy, sample_key
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """The shards of one split that are read (all, or the good ones with skip_bad_shards)."""
+
+    directory: str
+    paths: tuple[str, ...]  # relative to directory
+    counts: tuple[int, ...]  # samples per shard
+    seq_len: int
+    vocab_size: int
+    dtype: str
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts)
+
+    def read(self, piece: Piece, wanted: np.ndarray | None = None) -> Iterator[np.ndarray | None]:
+        """The piece's samples in order; None for those where `wanted` (per piece position) is False."""
+        path = str(Path(self.directory) / self.paths[piece.shard])
+        index, first_key = piece.start, 0
+        try:
+            source = wds.tarfile_to_samples()(iter([{"url": path}]))
+            for position, sample in enumerate(source):
+                key = sample.get("__key__", "")
+                if position == 0 and key.isdigit():
+                    first_key = int(key)
+                # keys number the samples consecutively: a gap or a stranger means a damaged shard
+                if key != sample_key(first_key + position) or SAMPLE_FIELD not in sample:
+                    raise ShardError(
+                        f"{path}: sample {position} is {key!r}, expected {sample_key(first_key + position)}"
+                    )
+                if position < piece.start:
+                    continue  # skipping costs a read of the bytes but no decoding
+                if position >= piece.stop:
+                    break
+                if wanted is not None and not wanted[position - piece.start]:
+                    yield None
+                else:
+                    yield self._decode(path, position, sample[SAMPLE_FIELD])
+                index = position + 1
+        except ShardError:
+            raise
+        except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+            raise ShardError(
+                f"{path}: unreadable tar after sample {index} ({type(exc).__name__}: {exc})"
+            ) from exc
+        if index < piece.stop:
+            raise ShardError(
+                f"{path}: ends after {index} samples, the manifest says {self.counts[piece.shard]}"
+            )
+
+    def _decode(self, path: str, position: int, payload: bytes) -> np.ndarray:
+        try:
+            sample = decode_npy(payload)
+        except ValueError as exc:
+            raise ShardError(f"{path}: sample {position} is not a valid .npy array ({exc})") from exc
+        if sample.dtype != np.dtype(self.dtype) or sample.shape != (self.seq_len + 1,):
+            raise ShardError(
+                f"{path}: sample {position} is {sample.dtype}{list(sample.shape)}, "
+                f"the manifest says {self.dtype}[{self.seq_len + 1}]"
+            )
+        if int(sample.max()) >= self.vocab_size:
+            raise ShardError(
+                f"{path}: sample {position} holds token id {int(sample.max())} >= vocab {self.vocab_size}"
+            )
+        return sample
+
+
+def to_batch(samples: Sequence[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.stack(samples).astype(np.int64))
+
+
+def _worker() -> tuple[int, int]:
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+class TrainStream(IterableDataset):
+    """One rank's training batches for one epoch, starting after `consumed` batches."""
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        seed: int,
+        epoch: int,
+        rank: int,
+        world: int,
+        streams: int,
+        batch_size: int,
+        buffer: int,
+        consumed: int,
+    ) -> None:
+        self.shards, self.seed, self.epoch, self.rank, self.world = shards, seed, epoch, rank, world
+        self.streams, self.batch_size, self.buffer, self.consumed = streams, batch_size, buffer, consumed
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        worker, workers = _worker()
+        if workers != self.streams:
+            raise RuntimeError(f"TrainStream planned for {self.streams} streams, run by {workers} workers")
+        # DataLoader worker w delivers outputs w, w + S, ...: after k batches that is stream (w + k) % S.
+        yield from self.stream((worker + self.consumed) % self.streams)
+
+    def stream(self, stream: int) -> Iterator[torch.Tensor]:
+        plan = train_stream_plan(
+            self.shards.counts,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world=self.world,
+            streams=self.streams,
+            stream=stream,
+            batch_size=self.batch_size,
+            buffer=self.buffer,
+            consumed=self.consumed,
+        )
+        first = plan.skip * self.batch_size  # first output still to deliver
+        order = plan.permutation
+        rank_of = np.empty_like(order)
+        rank_of[order] = np.arange(len(order))  # read position -> output index
+        wanted = rank_of >= first
+        samples = self._positions(plan.pieces, wanted)
+        held: dict[int, np.ndarray] = {}
+        batch: list[np.ndarray] = []
+        for j in range(first, len(order)):
+            target = int(order[j])
+            while target not in held:
+                position, sample = next(samples)
+                if sample is not None:
+                    held[position] = sample
+            batch.append(held.pop(target))
+            if len(batch) == self.batch_size:
+                yield to_batch(batch)
+                batch = []
+
+    def _positions(self, pieces: list[Piece], wanted: np.ndarray) -> Iterator[tuple[int, np.ndarray | None]]:
+        """(read position, sample or None when not wanted), never opening a piece with nothing wanted."""
+        position = 0
+        for piece in pieces:
+            size = piece.stop - piece.start
+            mask = wanted[position : position + size]
+            if mask.any():
+                for offset, sample in enumerate(self.shards.read(piece, mask)):
+                    yield position + offset, sample
+            position += size
+
+
+class EvalStream(IterableDataset):
+    """One rank's share of a validation/test split, in order; each worker takes a contiguous block of batches."""
+
+    def __init__(self, shards: ShardSet, *, rank: int, world: int, batch_size: int) -> None:
+        self.shards, self.rank, self.world, self.batch_size = shards, rank, world, batch_size
+
+    def __len__(self) -> int:
+        return len(eval_batches(self.shards.samples, self.world, self.rank, self.batch_size))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        worker, workers = _worker()
+        batches = eval_batches(self.shards.samples, self.world, self.rank, self.batch_size)
+        mine = batches[worker * len(batches) // workers : (worker + 1) * len(batches) // workers]
+        if not mine:
+            return
+        order = range(len(self.shards.counts))
+        pieces = pieces_for_range(mine[0][0], mine[-1][1], order, self.shards.counts)
+        samples = (s for piece in pieces for s in self.shards.read(piece))
+        for start, stop in mine:
+            yield to_batch([next(samples) for _ in range(stop - start)])
