@@ -327,3 +327,39 @@ def test_checkpoint_of_a_compiled_model_loads(tmp_path: Path) -> None:
     torch.save(ckpt, ckpt_path)
     model, _ = load_model(ckpt_path)
     assert isinstance(model.config, ModelConfig) and model.attention_config.kind == "lrkv"
+
+
+def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/decode.py at nano with tiny settings: every attention, the fields BENCHMARKS.md reads."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decode.py"
+    spec = importlib.util.spec_from_file_location("decode_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(
+        ["--size", "nano", "--context", "16", "--steps", "2", "--repeats", "1", "--check-tokens", "24"]
+    )
+    bench.main(
+        [
+            "--size",
+            "nano",
+            "--context",
+            "16",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--check-tokens",
+            "24",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "| lrkv-r8 |" in out
+    rows = json.loads(out[out.index("\n[") + 1 :])
+    assert [r["attention"] for r in rows] == list(costs.ATTENTIONS)
+    for r in rows:
+        assert r["measured_cache_bytes"] == r["formula_cache_bytes"] == r["cache_bytes_per_token"] * 24
+        assert r["max_abs_logit_diff_vs_full"] < 1e-4 and r["tokens_per_s"] > 0 and r["context"] == 16

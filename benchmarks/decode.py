@@ -1,0 +1,293 @@
+"""KV-cached decoding per attention, with random weights: cache bytes, fidelity and tokens/s against context.
+
+    python benchmarks/decode.py --size nano --json                  # every attention, default contexts
+    python benchmarks/decode.py --size 20m --context 256 1024 4096  # a markdown table instead of JSON
+
+For each attention of the size (its per-size knobs from conf/model/*.yaml):
+- fidelity: an fp32 generation (a prefill, then single-token steps) against one full forward over the same
+  tokens: the largest absolute logit difference (and the logits' std, to judge it by);
+- cache bytes: a bf16 generation of the same tokens; the sum of its caches' nbytes against the cost model's
+  kv_cache_bytes_per_token x tokens (costs.py counts bf16). The caches are preallocated to exactly those tokens;
+- speed: at each context S, the cache is filled with S - 1 tokens (prefilled in chunks), then single-token
+  steps are timed, each attending to S positions: after every step the cache is rewound by one position, so
+  all timed steps run at the same context. Tokens/s = batch x steps / seconds, the median of repeats timed
+  round-robin across the attentions (all models stay loaded), so machine noise hits them alike;
+- peak memory over one more run of those steps, per attention: CUDA max_memory_allocated (reset before), or
+  on CPU the process's peak resident set (VmHWM, reset through /proc/self/clear_refs), which includes every
+  loaded model and Python itself: on CPU the exact cache bytes are the per-attention memory to compare.
+The device is auto-detected: CUDA in bf16 when available, else CPU in fp32 (fidelity is fp32 everywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_modules import costs
+from lightning_modules.attention.cache import LayerCache, caches_nbytes
+from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.transformer import Transformer
+
+CPU_CONTEXTS = (128, 256, 512, 1024, 2048)
+GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
+
+
+# ----- memory --------------------------------------------------------------------------------------------
+def reset_peak(device: torch.device) -> str:
+    """Start a new peak-memory window; returns what the peak will mean."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return "cuda_max_memory_allocated"
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
+        return "process_peak_rss_vmhwm"
+    except OSError:
+        return "process_peak_rss_since_start"
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----- the three measurements ------------------------------------------------------------------------------
+@torch.inference_mode()
+def run_generation(
+    net: Transformer, tokens: torch.Tensor, prefill: int
+) -> tuple[torch.Tensor, list[LayerCache]]:
+    """Decode `tokens` (B, T) with caches of exactly T positions: `prefill` at once, then one at a time.
+    Returns the logits of every position (B, T, V) and the filled caches."""
+    caches = net.new_caches(tokens.shape[0], tokens.shape[1])
+    logits = [net.decode(tokens[:, :prefill], caches)]
+    for t in range(prefill, tokens.shape[1]):
+        logits.append(net.decode(tokens[:, t : t + 1], caches))
+    return torch.cat(logits, dim=1), caches
+
+
+@torch.inference_mode()
+def fidelity(net: Transformer, tokens: torch.Tensor, prefill: int) -> dict[str, float]:
+    """Cached decoding against one full forward, both in the model's (fp32) dtype."""
+    full = net(tokens)
+    cached, _ = run_generation(net, tokens, prefill)
+    return {
+        "max_abs_logit_diff_vs_full": (cached - full).abs().max().item(),
+        "logit_std": full.std().item(),
+    }
+
+
+def cache_bytes(net: Transformer, tokens: torch.Tensor, prefill: int) -> dict[str, Any]:
+    """A bf16 generation's caches against the cost model (which counts bf16)."""
+    bf16 = net if next(net.parameters()).dtype == torch.bfloat16 else copy.deepcopy(net).to(torch.bfloat16)
+    _, caches = run_generation(bf16, tokens, prefill)
+    n_tokens = tokens.numel()  # batch x positions
+    per_token = costs.kv_cache_bytes_per_token(net.config, net.attention_config)
+    return {
+        "cache_tokens": n_tokens,
+        "measured_cache_bytes": caches_nbytes(caches),
+        "formula_cache_bytes": per_token * n_tokens,
+        "cache_bytes_per_token": per_token,
+        "cache_vs_mha": per_token / costs.mha_cache_bytes_per_token(net.config),
+    }
+
+
+def prepare_steps(
+    net: Transformer, context: int, batch: int, chunk: int, device: torch.device
+) -> Callable[[], None]:
+    """Caches filled with context - 1 random tokens (prefilled in chunks, which bound the prefill's memory) and
+    a step that decodes one token attending to `context` positions, then rewinds the caches by one position so
+    that every timed step runs at the same context."""
+    gen = torch.Generator(device="cpu").manual_seed(context)
+    tokens = torch.randint(0, net.config.vocab_size, (batch, context), generator=gen).to(device)
+    caches = net.new_caches(batch, context)
+    held = context - 1
+    with torch.inference_mode():
+        for start in range(0, held, chunk):
+            net.decode(tokens[:, start : min(start + chunk, held)], caches, last_only=True)
+    step_token = tokens[:, -1:]
+
+    @torch.inference_mode()
+    def step() -> None:
+        net.decode(step_token, caches)
+        for cache in caches:
+            cache.length = held
+
+    step.caches = caches  # type: ignore[attr-defined]
+    return step
+
+
+def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
+    sync(device)
+    begin = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return time.perf_counter() - begin
+
+
+def decode_speed(
+    nets: dict[str, Transformer], context: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, dict[str, Any]]:
+    """Tokens/s of single-token steps at `context` for every attention, timed round-robin (on a shared
+    machine, noise then hits all alike); then each one's peak memory over a separate run of the same steps."""
+    steps = {kind: prepare_steps(net, context, args.batch, args.chunk, device) for kind, net in nets.items()}
+    for step in steps.values():  # warm-up
+        timed(step, 3, device)
+    times: dict[str, list[float]] = {kind: [] for kind in steps}
+    for _ in range(args.repeats):
+        for kind, step in steps.items():
+            times[kind].append(timed(step, args.steps, device))
+    out = {}
+    for kind, step in steps.items():
+        memory_kind = reset_peak(device)
+        timed(step, args.steps, device)
+        seconds = statistics.median(times[kind])
+        flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].attention_config, context)
+        out[kind] = {
+            "context": context,
+            "batch": args.batch,
+            "tokens_per_s": args.batch * args.steps / seconds,
+            "ms_per_step": 1000 * seconds / args.steps,
+            "decode_flops_per_token": flops,
+            "achieved_gflops": args.batch * args.steps * flops / seconds / 1e9,
+            "run_cache_bytes": caches_nbytes(step.caches),  # type: ignore[attr-defined]
+            "peak_memory_bytes": peak_bytes(device),
+            "peak_memory_kind": memory_kind,
+        }
+    return out
+
+
+# ----- driver --------------------------------------------------------------------------------------------
+def build(model: ModelConfig, attention: AttentionConfig, device: torch.device, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return Transformer(model, attention).eval()
+
+
+def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
+    device = torch.device(
+        args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    run_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    contexts = args.context or (GPU_CONTEXTS if device.type == "cuda" else CPU_CONTEXTS)
+    nets: dict[str, Transformer] = {}
+    common: dict[str, dict[str, Any]] = {}
+    for kind in args.attention:
+        model, attention = costs.load_configs(
+            [costs.fragment("model", args.size), costs.fragment("attention", kind)]
+        )
+        net = build(model, attention, device, args.seed)
+        n = min(args.check_tokens, model.seq_len)
+        gen = torch.Generator(device="cpu").manual_seed(args.seed)
+        tokens = torch.randint(0, model.vocab_size, (args.batch, n), generator=gen).to(device)
+        common[kind] = {
+            "size": model.name,
+            "attention": kind,
+            "label": net.attention_config.label(),
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else platform.processor() or "cpu",
+            "dtype": str(run_dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(),
+            **fidelity(net, tokens, n // 2),  # fp32 weights at this point
+        }
+        nets[kind] = net.to(run_dtype)
+        common[kind].update(cache_bytes(nets[kind], tokens, n // 2))
+    rows = []
+    for context in contexts:
+        for kind, speed in decode_speed(nets, context, args, device).items():
+            rows.append({**common[kind], **speed})
+            print(
+                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s, "
+                f"peak {speed['peak_memory_bytes'] / 2**20:8.1f} MiB ({speed['peak_memory_kind']})",
+                flush=True,
+                file=sys.stderr,
+            )
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    kinds = list(dict.fromkeys(r["attention"] for r in rows))
+    first = {k: next(r for r in rows if r["attention"] == k) for k in kinds}
+    lines = [
+        "| attention | measured cache bytes (bf16) | cost model | bytes/token | vs mha | max abs logit diff | logit std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k in kinds:
+        r = first[k]
+        lines.append(
+            f"| {r['label']} | {r['measured_cache_bytes']:,} | {r['formula_cache_bytes']:,} | "
+            f"{r['cache_bytes_per_token']:,} | {100 * r['cache_vs_mha']:.1f} % | "
+            f"{r['max_abs_logit_diff_vs_full']:.1e} | {r['logit_std']:.2f} |"
+        )
+    contexts = sorted({r["context"] for r in rows})
+    lines += ["", "| tokens/s | " + " | ".join(f"S={c}" for c in contexts) + " |"]
+    lines.append("|---" * (len(contexts) + 1) + "|")
+    for k in kinds:
+        speed = {r["context"]: r["tokens_per_s"] for r in rows if r["attention"] == k}
+        lines.append(f"| {first[k]['label']} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="nano", help="conf/model/<size>.yaml (default nano)")
+    parser.add_argument("--attention", nargs="+", default=list(costs.ATTENTIONS), choices=costs.ATTENTIONS)
+    parser.add_argument("--context", type=int, nargs="+", default=None, help="decode contexts S (positions)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+    parser.add_argument("--steps", type=int, default=32, help="timed steps per repeat (default 32)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats; the median is reported (default 3)")
+    parser.add_argument("--chunk", type=int, default=512, help="prefill chunk length (default 512)")
+    parser.add_argument(
+        "--check-tokens", type=int, default=128, help="tokens of the fidelity/cache generation"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    parser.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of markdown tables"
+    )
+    args = parser.parse_args(argv)
+    rows = benchmark(args)
+    print(json.dumps(rows, indent=1) if args.json else markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
