@@ -24,7 +24,7 @@ from data.errors import DataError, ManifestError, ShardError
 from data.manifest import SPLITS, Manifest
 from data.plan import train_batches_per_rank
 from data.streaming import EvalStream, ShardSet, TrainStream
-from data.verify import verify
+from data.verify import verify as verify_shards
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +165,12 @@ class ShardDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         if self._restored is not None:  # loaded but not yet iterated: hand the same position on
             return dict(self._restored)
-        rank, world = self._distributed()
         return {
             "epoch": self._epoch,
             "batches_consumed": self._consumed,
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "world_size": world,
+            "world_size": self.world_size,
             "streams": self._streams,
             "train_data": self._train_fingerprint(),
         }
@@ -181,7 +180,7 @@ class ShardDataModule(L.LightningDataModule):
             state_dict
         )
         if missing:
-            raise ManifestError(f"data state from the checkpoint lacks {sorted(missing)}")
+            raise DataError(f"the checkpoint's data state lacks {sorted(missing)}")
         self._restored = dict(state_dict)
 
     # ---- shards --------------------------------------------------------------------------------------
@@ -195,7 +194,7 @@ class ShardDataModule(L.LightningDataModule):
         info = self.manifest.split(split)
         bad: dict[str, str] = {}
         if self.verify_mode != "off":
-            problems = verify(self.data_dir, self.manifest, [split], full=self.verify_mode == "full")
+            problems = verify_shards(self.data_dir, self.manifest, [split], full=self.verify_mode == "full")
             bad = {p.path: p.message for p in problems}
         if bad:
             lines = "\n".join(f"  {Path(self.data_dir) / path}: {message}" for path, message in bad.items())
@@ -238,6 +237,8 @@ class ShardDataModule(L.LightningDataModule):
     def _begin_epoch(self) -> tuple[int, int]:
         """(epoch, batches already consumed) for the train iteration that is starting."""
         batches = self.batches_per_epoch
+        if self.trainer is not None:  # an epoch ends early under Trainer(limit_train_batches=...)
+            batches = min(batches, self.trainer.num_training_batches)
         if self._restored is not None:
             state, self._restored = self._restored, None
             self._check_resumable(state)

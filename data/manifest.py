@@ -91,7 +91,7 @@ class Manifest:
                     shards=[ShardInfo(**shard) for shard in split["shards"]],
                     **{k: int(v) for k, v in split.items() if k != "shards"},
                 )
-                for name, split in raw["splits"].items()
+                for name, split in sorted(raw["splits"].items(), key=lambda item: _split_rank(item[0]))
             }
             manifest = cls(
                 vocab_size=int(raw["vocab_size"]),
@@ -147,6 +147,10 @@ class Manifest:
         if name not in self.splits:
             raise ManifestError(f"no split {name!r} in the manifest (has {sorted(self.splits)})")
         return self.splits[name]
+
+
+def _split_rank(name: str) -> tuple[int, str]:
+    return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

@@ -44,7 +44,7 @@ def test_resume_continues_exactly(prepared: Path, workers: int, world: int) -> N
     per_epoch = len(_module(prepared, workers, rank, world).train_dataloader())
     total = 2 * per_epoch + 3
     uninterrupted = _take(_module(prepared, workers, rank, world), total)
-    for k in (0, 1, 5, per_epoch - 1, per_epoch, per_epoch + 2):
+    for k in (0, 5, per_epoch, per_epoch + 2):  # start, mid-epoch, end of epoch, into the next
         first = _module(prepared, workers, rank, world)
         consumed = _take(first, k)
         state = first.state_dict()
@@ -88,12 +88,13 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def _trainer(tmp_path: Path, steps: int, callbacks: list) -> L.Trainer:
+def _trainer(tmp_path: Path, steps: int, callbacks: list, limit: int | None) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=steps,
         max_epochs=-1,
+        limit_train_batches=limit,
         limit_val_batches=0,
         logger=False,
         enable_progress_bar=False,
@@ -103,15 +104,17 @@ def _trainer(tmp_path: Path, steps: int, callbacks: list) -> L.Trainer:
     )
 
 
+@pytest.mark.parametrize("limit", [None, 4])
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_lightning_checkpoint_resumes_exactly(prepared: Path, tmp_path: Path) -> None:
-    """Through the Trainer: the position is saved by Lightning, counted as batches trained on."""
-    per_epoch = len(_module(prepared, 2, batch_size=16).train_dataloader())
+def test_lightning_checkpoint_resumes_exactly(prepared: Path, tmp_path: Path, limit: int | None) -> None:
+    """Through the Trainer: the position is saved by Lightning, counted as batches trained on; with
+    limit_train_batches an epoch ends early, and the resumed run starts the next one as the first run did."""
+    per_epoch = limit or len(_module(prepared, 2, batch_size=16).train_dataloader())
     every = max(1, per_epoch // 2)
     total = 2 * per_epoch + 1
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1)
     model = _Recorder()
-    _trainer(tmp_path, total, [saver]).fit(model, datamodule=_module(prepared, 2, batch_size=16))
+    _trainer(tmp_path, total, [saver], limit).fit(model, datamodule=_module(prepared, 2, batch_size=16))
     assert len(model.seen) == total
     checkpoints = sorted((tmp_path / "ckpt").glob("*.ckpt"), key=lambda p: int(p.stem.split("step=")[1]))
     assert len(checkpoints) >= 2
@@ -121,8 +124,7 @@ def test_lightning_checkpoint_resumes_exactly(prepared: Path, tmp_path: Path) ->
         saved = torch.load(checkpoint, weights_only=False)["ShardDataModule"]
         assert saved["epoch"] * per_epoch + saved["batches_consumed"] == step
         resumed = _Recorder()
-        _trainer(tmp_path, total, []).fit(
-            resumed, datamodule=_module(prepared, 2, batch_size=16), ckpt_path=checkpoint
-        )
+        trainer = _trainer(tmp_path, total, [], limit)
+        trainer.fit(resumed, datamodule=_module(prepared, 2, batch_size=16), ckpt_path=checkpoint)
         assert len(resumed.seen) == total - step
         assert all(torch.equal(a, b) for a, b in zip(resumed.seen, model.seen[step:], strict=True))
