@@ -1,0 +1,179 @@
+"""The frontier of KV-cache bytes per token against final loss, over attentions and rank / latent sweeps.
+
+The paper compares attentions at different cache sizes (PAPER.md: "the comparison is not cache-matched";
+below about 40 % cache MLA matches or beats LRKV). The fair reading is a Pareto frontier: a label is
+Pareto-optimal when no other label of the same size caches at most as much and reaches at most the same
+loss, with one of the two strictly smaller. Cache bytes are what the code caches (cost.kv_cache_bytes_per_token,
+bf16, all layers); losses are means over seeds, so with few seeds a point near the frontier is within noise
+of it: the intervals are drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from lightning_modules.analysis import paper
+from lightning_modules.analysis.errors import MissingMetricsError
+from lightning_modules.analysis.runs import final_losses
+from lightning_modules.analysis.stats import summarise
+from lightning_modules.analysis.styles import attention_style, order_sizes, size_sort_key
+
+FRONTIER_COLUMNS = [
+    "size",
+    "attention",
+    "label",
+    "kv_cache_bytes_per_token",
+    "kv_cache_vs_mha",
+    "loss_mean",
+    "loss_ci_low",
+    "loss_ci_high",
+    "n",
+    "pareto",
+]
+
+
+def pareto_mask(cache: Sequence[float], loss: Sequence[float]) -> np.ndarray:
+    """True where no other point has cache <= and loss <= with at least one strictly smaller."""
+    c = np.asarray(cache, dtype=float)
+    y = np.asarray(loss, dtype=float)
+    no_worse = (c[None, :] <= c[:, None]) & (y[None, :] <= y[:, None])  # [i, j]: j at least as good as i
+    better = (c[None, :] < c[:, None]) | (y[None, :] < y[:, None])
+    return ~(no_worse & better).any(axis=1)
+
+
+def cache_frontier(runs: pd.DataFrame, split: str = "test", confidence: float = 0.95) -> pd.DataFrame:
+    """Per size and label: cache bytes per token, its fraction of MHA's, the final `split` loss (mean,
+    t-interval, n seeds) and whether it is Pareto-optimal within its size; sorted by size, then cache,
+    then loss. Columns FRONTIER_COLUMNS."""
+    finals = final_losses(runs, split)
+    lacking = sorted(set(finals["run_name"][finals["kv_cache_bytes_per_token"].isna()]))
+    if lacking:
+        raise MissingMetricsError(
+            f"runs without the cost.kv_cache_bytes_per_token param: {'; '.join(lacking[:10])}"
+        )
+    group = ["size", "attention", "label"]
+    caches = finals.groupby(group, sort=False)[["kv_cache_bytes_per_token", "kv_cache_vs_mha"]].agg(
+        ["min", "max"]
+    )
+    disagree = caches[
+        caches[("kv_cache_bytes_per_token", "min")] != caches[("kv_cache_bytes_per_token", "max")]
+    ]
+    if not disagree.empty:
+        # Same label, different cache: the label does not identify the configuration, so no point is right.
+        raise MissingMetricsError(
+            f"runs of one size and label log different KV-cache bytes: {', '.join(map(str, disagree.index))}"
+        )
+    summary = summarise(finals, group, "loss", confidence)
+    cache = caches.xs("min", axis=1, level=1).reset_index()
+    table = summary.merge(cache, on=group)
+    return _with_pareto(table)
+
+
+def _with_pareto(table: pd.DataFrame) -> pd.DataFrame:
+    table = table.copy()
+    table["pareto"] = False
+    for size in table["size"].unique():
+        rows = table["size"] == size
+        table.loc[rows, "pareto"] = pareto_mask(
+            table.loc[rows, "kv_cache_bytes_per_token"], table.loc[rows, "loss_mean"]
+        )
+    table["_size"] = [size_sort_key(s) for s in table["size"]]
+    table = table.sort_values(["_size", "kv_cache_bytes_per_token", "loss_mean"], kind="stable")
+    return table[FRONTIER_COLUMNS].reset_index(drop=True)
+
+
+def paper_frontier_128m() -> pd.DataFrame:
+    """The paper's 128M points in the frontier's columns: the five main runs and the rank and latent sweeps,
+    one seed each, with the paper's own cache convention (MLA: latent only, d_c per token per layer).
+    Bytes follow from the knobs (bf16, 12 layers, head dim 128); they reproduce the printed percentages."""
+    heads, head_dim, layers = paper.N_HEAD["128m"], 128, 12
+    loss = paper.TEST_LOSS["128m"]
+    elements = [  # (kind, label, cached elements per token per layer, test loss)
+        ("mha", "mha", 2 * heads * head_dim, loss["mha"]),
+        ("gqa", f"gqa-g{paper.GQA_KV_HEADS['128m']}", 2 * paper.GQA_KV_HEADS["128m"] * head_dim, loss["gqa"]),
+        ("mqa", "mqa", 2 * head_dim, loss["mqa"]),
+    ]
+    ranks = [(paper.LRKV_RANK["128m"], loss["lrkv"])] + [(r, ce) for r, _, ce in paper.LRKV_RANK_SWEEP_128M]
+    elements += [("lrkv", f"lrkv-r{r}", 2 * (head_dim + heads * r), ce) for r, ce in ranks]
+    elements += [("mla", f"mla-c{c}", c, ce) for c, _, ce in paper.MLA_LATENT_SWEEP_128M]
+    mha_elements = 2 * heads * head_dim
+    table = pd.DataFrame(
+        [
+            {
+                "size": "128m",
+                "attention": kind,
+                "label": label,
+                "kv_cache_bytes_per_token": 2.0 * n * layers,
+                "kv_cache_vs_mha": n / mha_elements,
+                "loss_mean": ce,
+                "loss_ci_low": math.nan,
+                "loss_ci_high": math.nan,
+                "n": 1,
+            }
+            for kind, label, n, ce in elements
+        ]
+    )
+    return _with_pareto(table)
+
+
+def plot_cache_frontier(frontier: pd.DataFrame, title: str | None = None) -> Figure:
+    """A panel per size: loss against KV cache as a % of MHA's (bytes per token beside each label).
+    Filled markers and the grey staircase: Pareto-optimal; hollow: dominated; bars: t-interval over seeds."""
+    sizes = order_sizes(frontier["size"])
+    ncols = min(len(sizes), 3)
+    nrows = math.ceil(len(sizes) / ncols)
+    width = 5.6 * ncols if ncols > 1 else 7.5  # a lone panel (a sweep) needs room for its labels
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 4.6 * nrows), squeeze=False)
+    for ax, size in zip(axes.flat, sizes, strict=False):
+        part = frontier[frontier["size"] == size]
+        best = part[part["pareto"]].sort_values("kv_cache_bytes_per_token")
+        # The staircase bounds what is attainable: at any larger cache, at least the frontier's loss.
+        ax.step(100 * best["kv_cache_vs_mha"], best["loss_mean"], where="post", color="0.6", lw=1.2, zorder=1)
+        for i, row in enumerate(part.sort_values("kv_cache_bytes_per_token").itertuples(index=False)):
+            style = attention_style(row.attention)
+            half = (row.loss_ci_high - row.loss_ci_low) / 2 if row.n >= 2 else None
+            ax.errorbar(
+                100 * row.kv_cache_vs_mha,
+                row.loss_mean,
+                yerr=half,
+                fmt="o",
+                color=style["color"],
+                markerfacecolor=style["color"] if row.pareto else "white",
+                markersize=7,
+                capsize=3,
+                zorder=2,
+            )
+            ax.annotate(
+                f"{row.label}\n{row.kv_cache_bytes_per_token:,.0f} B",
+                (100 * row.kv_cache_vs_mha, row.loss_mean),
+                textcoords="offset points",
+                xytext=(6, 4) if i % 2 == 0 else (6, -16),  # neighbours alternate, so labels overlap less
+                fontsize=7,
+            )
+        ax.set_title(size)
+        ax.set_xlabel("KV cache per token (% of MHA's; label: bytes, bf16, all layers)")
+        ax.set_ylabel("final loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.15, y=0.12)
+        ax.legend(
+            [
+                Line2D([], [], ls="", marker="o", color="0.3"),
+                Line2D([], [], ls="", marker="o", color="0.3", markerfacecolor="white"),
+            ],
+            ["Pareto-optimal", "dominated"],
+            fontsize=8,
+            loc="best",
+        )
+    for ax in list(axes.flat)[len(sizes) :]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,44 @@
+"""Fixtures: MLflow stores in temporary directories, filled the way the training module fills ./mlruns."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.analysis.synthetic import log_synthetic_runs
+
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty SQLite store. Creating one runs MLflow's schema migrations (seconds on a busy
+    2-core machine), so it is done once and copied for every store the tests need."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # the first connection migrates
+    return path
+
+
+@pytest.fixture(scope="session")
+def new_store(empty_store_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """new_store(name) -> the tracking URI of a fresh empty SQLite store (a copy of the template)."""
+
+    def make(name: str) -> str:
+        path = tmp_path_factory.mktemp(name) / "mlflow.db"
+        shutil.copyfile(empty_store_file, path)
+        return f"sqlite:///{path}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def synthetic_store(new_store: Callable[[str], str]) -> str:
+    """Tracking URI of a SQLite store holding the synthetic runs of tests/analysis/synthetic.py: 2 sizes x 5
+    attentions x 2 seeds, 6 validation evaluations and a test evaluation each, plus a one-seed rank / latent
+    sweep at nano. Session-scoped: tests only read it."""
+    uri = new_store("synthetic_store")
+    log_synthetic_runs(uri)
+    return uri
