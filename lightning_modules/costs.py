@@ -8,8 +8,11 @@ Conventions, written once:
   that runs, output head included, embedding lookup excluded) + 2 L T H (d_qk + d_v) for the attention
   scores and mixing over the full context T (not halved for causality: PaLM / nanoGPT / torchtitan).
   Norms, RoPE and softmax are not counted. Checked against torch.utils.flop_counter (math SDPA).
-- Decode FLOPs per token at context S: forward only, on the decode path each variant runs.
-- KV-cache bytes per token: bf16 (2 bytes) x cached elements per token x layers.
+- Decode FLOPs per token at context S: forward only, on the decode path each variant runs (Attention.decode:
+  mla absorbed, lrkv exact with its keys rebuilt); equal to torch.utils.flop_counter's count of one
+  decode step (tests/test_decode.py).
+- KV-cache bytes per token: bf16 (2 bytes) x cached elements per token x layers; equal to the bytes a bf16
+  generation's caches hold (tests/test_decode.py, benchmarks/decode.py).
 
 `python -m lightning_modules.costs` prints these for every size x attention; see --help.
 """
