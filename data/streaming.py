@@ -39,10 +39,11 @@ class ShardSet:
     def read(self, piece: Piece, wanted: np.ndarray | None = None) -> Iterator[np.ndarray | None]:
         """The piece's samples in order; None for those where `wanted` (per piece position) is False."""
         path = str(Path(self.directory) / self.paths[piece.shard])
-        index, first_key = piece.start, 0
+        seen, first_key = 0, 0  # samples met in the tar, whether in the piece or not
         try:
             source = wds.tarfile_to_samples()(iter([{"url": path}]))
             for position, sample in enumerate(source):
+                seen = position + 1
                 key = sample.get("__key__", "")
                 if position == 0 and key.isdigit():
                     first_key = int(key)
@@ -59,16 +60,15 @@ class ShardSet:
                     yield None
                 else:
                     yield self._decode(path, position, sample[SAMPLE_FIELD])
-                index = position + 1
         except ShardError:
             raise
         except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
             raise ShardError(
-                f"{path}: unreadable tar after sample {index} ({type(exc).__name__}: {exc})"
+                f"{path}: unreadable tar after {seen} samples ({type(exc).__name__}: {exc})"
             ) from exc
-        if index < piece.stop:
+        if seen < piece.stop:
             raise ShardError(
-                f"{path}: ends after {index} samples, the manifest says {self.counts[piece.shard]}"
+                f"{path}: ends after {seen} samples, the manifest says {self.counts[piece.shard]}"
             )
 
     def _decode(self, path: str, position: int, payload: bytes) -> np.ndarray:

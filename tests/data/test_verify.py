@@ -160,6 +160,9 @@ def test_token_id_outside_the_vocabulary(prepared_copy: Path) -> None:
         list(problems) == [shard.name]
         and f"token id {manifest.vocab_size} >= vocab_size" in problems[shard.name]
     )
+    assert (
+        verify(prepared_copy, Manifest.load(prepared_copy), full=False) == []
+    )  # quick: sha256 and counts only
     with pytest.raises(ShardError, match=f"{shard.name}.*token id"):
         ShardDataModule(str(prepared_copy), batch_size=4, num_workers=0).setup("fit")
     # Without verification the reader still refuses it, naming the shard.
@@ -175,9 +178,11 @@ def test_seq_len_mismatch(prepared: Path) -> None:
     assert ShardDataModule(str(prepared), batch_size=4, seq_len=16).seq_len == 16
 
 
-def test_missing_manifest(tmp_path: Path) -> None:
+def test_missing_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ManifestError, match="no manifest.*data.prepare"):
         ShardDataModule(str(tmp_path), batch_size=4)
+    assert main([str(tmp_path)]) == 1
+    assert "no manifest" in capsys.readouterr().err
 
 
 def test_skip_bad_shards_is_opt_in_and_logged(prepared_copy: Path, caplog: pytest.LogCaptureFixture) -> None:
