@@ -140,7 +140,7 @@ def prepare(cfg: PrepareConfig) -> Manifest:
                     yield text
 
         # Trained on the train split only, so val/test text never shapes the vocabulary.
-        tokenizer = train_bpe(train_docs(), vocab_request, cfg.eot_token)
+        tokenizer = train_bpe(train_docs(), vocab_request, cfg.eot_token, show_progress=cfg.progress)
         _check_nonempty(stats, files)
         train_bytes, total_bytes = sizes["train"], sizes["all"]
         tokenizer_origin = "trained"
@@ -269,14 +269,34 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
     )
     p.add_argument("--tokenizer", help="load this tokenizer.json instead of training one")
     p.add_argument("--eot-token", default=EOT_TOKEN, help="end-of-text token (default %(default)s)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sample are seq-len + 1")
-    p.add_argument("--val-frac", type=float, default=0.03, help="fraction of documents for val")
-    p.add_argument("--test-frac", type=float, default=0.03, help="fraction of documents for test")
-    p.add_argument("--shard-samples", type=int, default=1024, help="samples per shard (bounds shard size)")
+    p.add_argument(
+        "--seq-len", type=int, default=256, help="tokens per sample are seq-len + 1 (default %(default)s)"
+    )
+    p.add_argument(
+        "--val-frac", type=float, default=0.03, help="fraction of documents for val (default %(default)s)"
+    )
+    p.add_argument(
+        "--test-frac", type=float, default=0.03, help="fraction of documents for test (default %(default)s)"
+    )
+    p.add_argument(
+        "--shard-samples",
+        type=int,
+        default=1024,
+        help="samples per shard, bounds its size (default %(default)s)",
+    )
     p.add_argument("--text-field", default="text", help="JSONL field holding the text")
     p.add_argument("--text-column", default="text", help="Parquet column holding the text")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="non-UTF-8 input")
-    p.add_argument("--txt-doc-chars", type=int, help="split .txt files at blank lines into ~N-char documents")
+    p.add_argument(
+        "--errors",
+        choices=["strict", "replace"],
+        default="strict",
+        help="non-UTF-8 input: stop (default) or substitute U+FFFD",
+    )
+    p.add_argument(
+        "--txt-doc-chars",
+        type=int,
+        help="split .txt files at blank lines into ~N-char documents (default: 0, one document per file; 8192 for shakespeare)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     return PrepareConfig(

@@ -15,7 +15,7 @@ BYTE_ALPHABET = 256  # byte-level BPE starts from every byte, so any UTF-8 text 
 
 
 def train_bpe(
-    documents: Iterable[str], vocab_size: int, eot_token: str = EOT_TOKEN, length: int | None = None
+    documents: Iterable[str], vocab_size: int, eot_token: str = EOT_TOKEN, show_progress: bool = True
 ) -> Tokenizer:
     """Deterministic for a given document order: the trainer breaks count ties by the pair itself."""
     if vocab_size < BYTE_ALPHABET + 1:
@@ -27,9 +27,9 @@ def train_bpe(
         vocab_size=vocab_size,
         special_tokens=[eot_token],  # id 0
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=True,
+        show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(documents, trainer=trainer, length=length)
+    tokenizer.train_from_iterator(documents, trainer=trainer)
     return tokenizer
 
 
