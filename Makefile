@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= artifacts/shakespeare
 
-.PHONY: setup demo test lint data mlflow-ui costs bench litgpt
+.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep
 
 setup: $(STAMP)
 
@@ -20,8 +20,15 @@ $(STAMP): pyproject.toml
 data: $(STAMP)
 	test -f $(DATA_DIR)/manifest.json || $(PY) -m data.prepare --source shakespeare --out $(DATA_DIR)
 
-demo: $(STAMP)
-	$(PY) -m lightning_modules.costs
+# The main job: every attention at nano on one FLOPs budget (conf/budget/demo.yaml), tested, then a table.
+demo: data
+	$(PY) -m lightning_modules.compare
+
+# The same comparison over several seeds and sizes (each run lands in MLflow for the notebooks).
+SEEDS ?= 1 2 3
+SIZES ?= nano 20m
+sweep: data
+	$(PY) -m lightning_modules.compare --sizes $(SIZES) --seeds $(SEEDS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -155,13 +155,14 @@ class LanguageModel(L.LightningModule):
             return
         ce = metric.compute()
         metric.reset()
-        values = {f"{split}/loss": ce, f"{split}/ppl": ce.exp(), f"{split}/tokens": float(self.tokens_seen)}
+        values = {f"{split}/ppl": ce.exp(), f"{split}/tokens": float(self.tokens_seen)}
         values[f"{split}/flops"] = self.flops_seen
         tokens_per_byte = self._tokens_per_byte(split)
         if tokens_per_byte is not None:
             # bits per byte = nats per token / ln 2 x tokens per UTF-8 byte of that split's text
             values[f"{split}/bpb"] = ce / math.log(2) * tokens_per_byte
-        self.log_dict(values, sync_dist=False, prog_bar=split == "val")
+        self.log_dict(values, sync_dist=False)
+        self.log(f"{split}/loss", ce, prog_bar=True)
 
     def _tokens_per_byte(self, split: str) -> float | None:
         datamodule = getattr(self.trainer, "datamodule", None)
