@@ -16,11 +16,12 @@ import argparse
 import hashlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data.errors import DataError, PrepareError
@@ -109,6 +110,9 @@ class SplitWriter:
         self._pending = []
 
 
+Document = tuple[str, bytes, str]  # text, its UTF-8 bytes, its split
+
+
 def prepare(cfg: PrepareConfig) -> Manifest:
     _check_options(cfg)
     if cfg.source == "shakespeare":
@@ -121,72 +125,24 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     out = Path(cfg.out)
     _clear_outputs(out)
 
-    def documents(stats: SourceStats) -> Iterator[tuple[str, bytes, str]]:
+    def documents(stats: SourceStats) -> Iterator[Document]:
         for text in iter_documents(files, options, stats):
             raw = text.encode("utf-8")
             yield text, raw, split_of(raw, cfg.val_frac, cfg.test_frac)
 
-    train_bytes = total_bytes = None
-    if cfg.tokenizer is None:
-        vocab_request = cfg.vocab_size or DEFAULT_VOCAB
-        stats = SourceStats()
-        sizes = {"train": 0, "all": 0}
-
-        def train_docs() -> Iterator[str]:
-            for text, raw, split in documents(stats):
-                sizes["all"] += len(raw)
-                if split == "train":
-                    sizes["train"] += len(raw)
-                    yield text
-
-        # Trained on the train split only, so val/test text never shapes the vocabulary.
-        tokenizer = train_bpe(train_docs(), vocab_request, cfg.eot_token, show_progress=cfg.progress)
-        _check_nonempty(stats, files)
-        train_bytes, total_bytes = sizes["train"], sizes["all"]
-        tokenizer_origin = "trained"
-    else:
-        vocab_request = None
-        tokenizer = load_tokenizer(cfg.tokenizer)
-        tokenizer_origin = Path(cfg.tokenizer).name
+    tokenizer, total_bytes = _tokenizer(cfg, documents, files)
     eot = eot_id(tokenizer, cfg.eot_token, cfg.tokenizer or "trained tokenizer")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = dtype_for_vocab(vocab_size)
     tokenizer.save(str(out / TOKENIZER_NAME))
-    encoder = for_encoding(tokenizer)
 
     writers = {s: SplitWriter(out, s, cfg.seq_len, dtype, cfg.shard_samples) for s in SPLITS}
     stats = SourceStats()
-    bar = tqdm(
-        total=total_bytes,
-        unit="B",
-        unit_scale=True,
-        desc="encode+pack",
-        disable=not cfg.progress,
-        file=sys.stderr,
-    )
-    batch: list[tuple[str, bytes, str]] = []
-    batch_bytes = 0
-
-    def flush() -> None:
-        encodings = encoder.encode_batch_fast([text for text, _, _ in batch], add_special_tokens=False)
-        for (_, raw, split), encoding in zip(batch, encodings, strict=True):
-            writers[split].add(eot, encoding.ids, len(raw))
-        bar.update(sum(len(raw) for _, raw, _ in batch))
-        batch.clear()
-
-    with bar:
-        for item in documents(stats):
-            batch.append(item)
-            batch_bytes += len(item[1])
-            if batch_bytes >= ENCODE_BATCH_BYTES:
-                flush()
-                batch_bytes = 0
-        if batch:
-            flush()
+    _encode(for_encoding(tokenizer), documents(stats), writers, eot, total_bytes, cfg.progress)
     _check_nonempty(stats, files)
     splits = {name: writer.close() for name, writer in writers.items()}
-    if train_bytes is not None:
-        assert train_bytes == splits["train"].text_bytes  # both passes saw the same documents
+    if total_bytes is not None:
+        assert total_bytes == sum(s.text_bytes for s in splits.values())  # both passes saw the same text
     _check_splits(cfg, splits)
 
     manifest = Manifest(
@@ -203,8 +159,8 @@ def prepare(cfg: PrepareConfig) -> Manifest:
             "documents": stats.documents,
             "empty_documents_skipped": stats.empty_documents,
             "files_with_replaced_bytes": stats.replaced_files,
-            "tokenizer": tokenizer_origin,
-            "vocab_size_requested": vocab_request,
+            "tokenizer": Path(cfg.tokenizer).name if cfg.tokenizer else "trained",
+            "vocab_size_requested": None if cfg.tokenizer else cfg.vocab_size or DEFAULT_VOCAB,
             "val_frac": cfg.val_frac,
             "test_frac": cfg.test_frac,
             "shard_samples": cfg.shard_samples,
@@ -214,6 +170,64 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     manifest.check_consistent(str(out))
     manifest.save(out)
     return manifest
+
+
+def _tokenizer(
+    cfg: PrepareConfig, documents: Callable[[SourceStats], Iterator[Document]], files: Sequence[Path]
+) -> tuple[Tokenizer, int | None]:
+    """The loaded tokenizer, or one trained on the train split (so val/test text never shapes the
+    vocabulary); with the corpus' total text bytes when training had to read it all anyway."""
+    if cfg.tokenizer is not None:
+        return load_tokenizer(cfg.tokenizer), None
+    stats, total = SourceStats(), [0]
+
+    def train_docs() -> Iterator[str]:
+        for text, raw, split in documents(stats):
+            total[0] += len(raw)
+            if split == "train":
+                yield text
+
+    tokenizer = train_bpe(train_docs(), cfg.vocab_size or DEFAULT_VOCAB, cfg.eot_token, cfg.progress)
+    _check_nonempty(stats, files)
+    return tokenizer, total[0]
+
+
+def _encode(
+    encoder: Tokenizer,
+    documents: Iterator[Document],
+    writers: dict[str, SplitWriter],
+    eot: int,
+    total_bytes: int | None,
+    progress: bool,
+) -> None:
+    """Encode documents in ~1 MB batches (encode_batch runs them in parallel) and pack each into its split."""
+    bar = tqdm(
+        total=total_bytes,
+        unit="B",
+        unit_scale=True,
+        desc="encode+pack",
+        disable=not progress,
+        file=sys.stderr,
+    )
+    batch: list[Document] = []
+
+    def flush() -> None:
+        encodings = encoder.encode_batch_fast([text for text, _, _ in batch], add_special_tokens=False)
+        for (_, raw, split), encoding in zip(batch, encodings, strict=True):
+            writers[split].add(eot, encoding.ids, len(raw))
+        bar.update(sum(len(raw) for _, raw, _ in batch))
+        batch.clear()
+
+    with bar:
+        size = 0
+        for document in documents:
+            batch.append(document)
+            size += len(document[1])
+            if size >= ENCODE_BATCH_BYTES:
+                flush()
+                size = 0
+        if batch:
+            flush()
 
 
 def _check_options(cfg: PrepareConfig) -> None:

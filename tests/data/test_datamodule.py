@@ -123,3 +123,15 @@ def test_too_few_samples_for_the_world(prepared: Path) -> None:
     dm = _module(prepared, 0, 1, batch_size=10_000)
     with pytest.raises(DataError, match="give no batch of 10000"):
         len(dm.train_dataloader())
+
+
+def test_constructor_is_exposed_to_the_cli(prepared: Path) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ShardDataModule, "data")
+    args = ["--data.data_dir", str(prepared), "--data.batch_size", "8", "--data.seq_len", str(SEQ_LEN)]
+    dm = parser.instantiate_classes(parser.parse_args([*args, "--data.verify", "quick"])).data
+    assert (dm.batch_size, dm.num_workers, dm.verify_mode, dm.val_batch_size) == (8, 2, "quick", 8)
+    with pytest.raises(Exception, match="verify"):
+        parser.parse_args([*args, "--data.verify", "sometimes"])
