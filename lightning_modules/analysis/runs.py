@@ -18,6 +18,7 @@ test_loss side by side) so that a test point and a validation curve are drawn an
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -82,8 +83,11 @@ def load_runs(
     uri = resolve_tracking_uri(tracking_uri)
     name = resolve_experiment(experiment)
     require_existing_sqlite(uri)
-    # Imported here, not at the top: mlflow takes seconds to import, and only loading needs it.
-    from mlflow import MlflowClient
+    # Imported here, not at the top: mlflow takes seconds to import, and only loading needs it. In a notebook
+    # kernel its import warns that ipywidgets is missing (tqdm.auto); no progress bar is used here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(name)

@@ -7,6 +7,7 @@ import math
 import matplotlib
 import pandas as pd
 import pytest
+from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
 
 from lightning_modules.analysis.curves import mean_curves, plot_loss_curves
@@ -62,6 +63,9 @@ def test_one_panel_per_size_with_fixed_styles(runs: pd.DataFrame) -> None:
     assert lines["lrkv-r16"].get_marker() != lines["lrkv-r8"].get_marker()
     assert ax.get_xlabel() == "training tokens (millions)"
     assert lines["mha"].get_label() == "mha (n=2)"
+    # A band per label with two seeds (mha, mqa, gqa-g2, mla-c64, lrkv-r8), none for the one-seed sweep.
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 5
 
 
 def test_compute_axis_names_its_unit(runs: pd.DataFrame) -> None:

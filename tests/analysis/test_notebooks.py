@@ -43,18 +43,26 @@ def test_notebooks_define_nothing(path: Path) -> None:
             )
 
 
+# Fixtures returning a tracking URI that every notebook must run against; a store written by a real tiny
+# training run belongs here beside the synthetic one.
+STORES = ["synthetic_store"]
+
+
+@pytest.fixture(scope="module", params=STORES)
+def store(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture(scope="module")
-def executed(
-    synthetic_store: str, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, list[runner.Outcome]]:
+def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[runner.Outcome]]:
     out = tmp_path_factory.mktemp("figures")
     before = {p: p.read_bytes() for p in NOTEBOOKS}
-    outcomes = runner.run_notebooks(synthetic_store, out, log=lambda _: None)
+    outcomes = runner.run_notebooks(store, out, log=lambda _: None)
     assert {p: p.read_bytes() for p in NOTEBOOKS} == before, "the runner must not write notebooks back"
     return out, outcomes
 
 
-def test_every_notebook_runs_against_the_synthetic_store(executed) -> None:
+def test_every_notebook_runs_against_the_store(executed) -> None:
     _, outcomes = executed
     assert [(o.name, o.status, o.message) for o in outcomes] == [(n, "ok", "") for n, _ in runner.NOTEBOOKS]
 
@@ -70,14 +78,15 @@ def test_figures_are_pngs_named_by_their_axis(executed) -> None:
     assert sorted(p.name for p in (out / "executed").glob("*.ipynb")) == sorted(p.name for p in NOTEBOOKS)
 
 
-def test_notebook_tables_come_from_the_store_they_were_given(executed, synthetic_store: str) -> None:
+def test_notebook_tables_come_from_the_store_they_were_given(executed, store: str) -> None:
     out, _ = executed
     written = pd.read_csv(out / "tokens_to_target.csv")
-    expected = tokens_to_target(load_runs(synthetic_store))
+    expected = tokens_to_target(load_runs(store))
     assert len(written) == len(expected)
     pd.testing.assert_series_equal(written["saved_mean"], expected["saved_mean"], check_names=False)
     flops = pd.read_csv(out / "flops_to_target.csv")
-    assert not flops["saved_mean"].equals(written["saved_mean"])  # compute-to-target is a different table
+    if written["saved_mean"].notna().any():  # compute-to-target is a different table
+        assert not flops["saved_mean"].equals(written["saved_mean"])
 
 
 def test_without_runs_the_run_notebooks_are_skipped_and_say_why(tmp_path: Path) -> None:

@@ -171,6 +171,9 @@ def broken_store(new_store: Callable[[str], str]) -> str:
         "no-tokens", "nano-mha-seed1", tags, [Metric("val/loss", 1.0, 0, 10), Metric("val/flops", 1.0, 0, 10)]
     )
     run("no-val", "nano-mha-seed1", tags, [Metric("train/loss", 1.0, 0, 10)])
+    # A resumed run logs step 10 again, later: its second value is the one the run ended with.
+    relogged = [Metric("val/loss", 2.0, 1, 10), Metric("val/loss", 1.5, 2, 10)] + full[1:]
+    run("resumed", "nano-mha-seed1", tags, relogged)
     return uri
 
 
@@ -196,3 +199,7 @@ def test_missing_metrics_name_the_run_and_the_metric(broken_store: str) -> None:
         load_runs(broken_store, "no-tokens")
     with pytest.raises(MissingMetricsError, match="nano-mha-seed1.*logged no val/loss"):
         load_runs(broken_store, "no-val")
+
+
+def test_a_step_logged_twice_keeps_the_later_value(broken_store: str) -> None:
+    assert load_runs(broken_store, "resumed")["loss"].tolist() == [1.5]

@@ -73,6 +73,15 @@ def test_a_curve_that_never_reaches_gives_no_mean() -> None:
     assert saved_matrix(summary, "nano").loc["mha", "lrkv-r8"] == "not reached 2/2"
 
 
+def test_a_mean_needs_every_pair_to_reach() -> None:
+    # Seed 8 of mqa never reaches mha's 2.0; averaging seed 7 alone would flatter mqa.
+    runs = straight_runs({("nano", "mqa", "mqa", 7): line(2.4), ("nano", "mqa", "mqa", 8): line(1.0)})
+    row = tokens_to_target(runs).query("baseline == 'mha' and label == 'mqa'").iloc[0]
+    assert (row["n"], row["n_reached"]) == (2, 1)
+    assert math.isnan(row["saved_mean"]) and math.isnan(row["saved_ci_low"])
+    assert saved_matrix(tokens_to_target(runs), "nano").loc["mqa", "mha"] == "not reached 1/2"
+
+
 def test_compute_to_target_measures_against_the_baseline_flops() -> None:
     # lrkv costs half the FLOPs per token: it reaches mha's final loss at 833.33 x 1 FLOPs of mha's 1000 x 2.
     per_seed = tokens_to_target_per_seed(straight_runs(flops={"mha": 2.0, "lrkv-r8": 1.0}), x="flops")
