@@ -12,9 +12,11 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
   steps are timed, each attending to S positions: after every step the cache is rewound by one position, so
   all timed steps run at the same context. Tokens/s = batch x steps / seconds, the median of repeats timed
   round-robin across the attentions (all models stay loaded), so machine noise hits them alike;
-- peak memory over one more run of those steps, per attention: CUDA max_memory_allocated (reset before), or
-  on CPU the process's peak resident set (VmHWM, reset through /proc/self/clear_refs), which includes every
-  loaded model and Python itself: on CPU the exact cache bytes are the per-attention memory to compare.
+- peak memory of decoding at each context, measured in a child process that holds only that attention's
+  model and caches (so that neither the other models nor this process's history count): the peak over the
+  same single-token steps, and the baseline just before them (model + filled caches + runtime). CUDA:
+  max_memory_allocated and memory_allocated; CPU: the process's peak resident set (VmHWM, reset through
+  /proc/self/clear_refs) and its resident set (VmRSS), which include Python and torch themselves.
 The device is auto-detected: CUDA in bf16 when available, else CPU in fp32 (fidelity is fp32 everywhere).
 """
 
@@ -25,6 +27,7 @@ import copy
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,30 +46,56 @@ GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)
 
 
 # ----- memory --------------------------------------------------------------------------------------------
-def reset_peak(device: torch.device) -> str:
-    """Start a new peak-memory window; returns what the peak will mean."""
+def _proc_status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak(device: torch.device) -> int:
+    """Start a new peak-memory window; returns the bytes in use at its start."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        return "cuda_max_memory_allocated"
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
-        return "process_peak_rss_vmhwm"
-    except OSError:
-        return "process_peak_rss_since_start"
+        return torch.cuda.memory_allocated(device)
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM := current VmRSS
+    return _proc_status("VmRSS")
 
 
 def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    import resource
+    return _proc_status("VmHWM")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """In a child process: one attention's model and caches at one context; peak over the timed steps."""
+    kind, context = args.memory_probe[0], int(args.memory_probe[1])
+    model, attention = costs.load_configs(
+        [costs.fragment("model", args.size), costs.fragment("attention", kind)]
+    )
+    net = build(model, attention, device, args.seed).to(run_dtype(device))
+    step = prepare_steps(net, context, args.batch, args.chunk, device)
+    timed(step, 3, device)
+    baseline = reset_peak(device)
+    timed(step, args.steps, device)
+    sync(device)
+    return {"peak_memory_bytes": peak_bytes(device), "memory_baseline_bytes": baseline}
+
+
+def measure_memory(args: argparse.Namespace, kind: str, context: int) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", kind, str(context)]
+    command += ["--size", args.size, "--batch", str(args.batch), "--steps", str(args.steps)]
+    command += ["--chunk", str(args.chunk), "--seed", str(args.seed), "--device", args.device]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory probe {kind} at context {context} failed:\n{done.stderr}")
+    probe = json.loads(done.stdout.splitlines()[-1])
+    kind_of_peak = "cuda_max_memory_allocated" if probe.pop("device") == "cuda" else "process_peak_rss_vmhwm"
+    return {**probe, "peak_memory_kind": kind_of_peak}
 
 
 def device_name(device: torch.device) -> str:
@@ -163,18 +192,16 @@ def decode_speed(
     nets: dict[str, Transformer], context: int, args: argparse.Namespace, device: torch.device
 ) -> dict[str, dict[str, Any]]:
     """Tokens/s of single-token steps at `context` for every attention, timed round-robin (on a shared
-    machine, noise then hits all alike); then each one's peak memory over a separate run of the same steps."""
+    machine, noise then hits all alike), and each one's peak memory in a child process (measure_memory)."""
     steps = {kind: prepare_steps(net, context, args.batch, args.chunk, device) for kind, net in nets.items()}
-    for step in steps.values():  # warm-up
-        timed(step, 3, device)
     times: dict[str, list[float]] = {kind: [] for kind in steps}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats + 1):  # the first round warms up and is not counted
         for kind, step in steps.items():
-            times[kind].append(timed(step, args.steps, device))
+            seconds = timed(step, args.steps, device)
+            if repeat:
+                times[kind].append(seconds)
     out = {}
     for kind, step in steps.items():
-        memory_kind = reset_peak(device)
-        timed(step, args.steps, device)
         seconds = statistics.median(times[kind])
         flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].attention_config, context)
         out[kind] = {
@@ -185,9 +212,10 @@ def decode_speed(
             "decode_flops_per_token": flops,
             "achieved_gflops": args.batch * args.steps * flops / seconds / 1e9,
             "run_cache_bytes": caches_nbytes(step.caches),  # type: ignore[attr-defined]
-            "peak_memory_bytes": peak_bytes(device),
-            "peak_memory_kind": memory_kind,
+            "weights_bytes": sum(p.nbytes for p in nets[kind].parameters()),
         }
+        if args.memory:
+            out[kind].update(measure_memory(args, kind, context))
     return out
 
 
@@ -198,11 +226,17 @@ def build(model: ModelConfig, attention: AttentionConfig, device: torch.device, 
         return Transformer(model, attention).eval()
 
 
+def pick_device(name: str) -> torch.device:
+    return torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
-    device = torch.device(
-        args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    )
-    run_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device = pick_device(args.device)
+    dtype = run_dtype(device)
     contexts = args.context or (GPU_CONTEXTS if device.type == "cuda" else CPU_CONTEXTS)
     nets: dict[str, Transformer] = {}
     common: dict[str, dict[str, Any]] = {}
@@ -218,22 +252,20 @@ def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
             "size": model.name,
             "attention": kind,
             "label": net.attention_config.label(),
-            "device": torch.cuda.get_device_name(device)
-            if device.type == "cuda"
-            else platform.processor() or "cpu",
-            "dtype": str(run_dtype).removeprefix("torch."),
+            "device": device_name(device),
+            "dtype": str(dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
             **fidelity(net, tokens, n // 2),  # fp32 weights at this point
         }
-        nets[kind] = net.to(run_dtype)
+        nets[kind] = net.to(dtype)
         common[kind].update(cache_bytes(nets[kind], tokens, n // 2))
     rows = []
     for context in contexts:
         for kind, speed in decode_speed(nets, context, args, device).items():
             rows.append({**common[kind], **speed})
+            memory = f", peak {speed['peak_memory_bytes'] / 2**20:.1f} MiB" if args.memory else ""
             print(
-                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s, "
-                f"peak {speed['peak_memory_bytes'] / 2**20:8.1f} MiB ({speed['peak_memory_kind']})",
+                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s{memory}",
                 flush=True,
                 file=sys.stderr,
             )
@@ -262,6 +294,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for k in kinds:
         speed = {r["context"]: r["tokens_per_s"] for r in rows if r["attention"] == k}
         lines.append(f"| {first[k]['label']} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
+    if all("peak_memory_bytes" in r for r in rows):
+        lines += [
+            "",
+            f"| peak MiB ({rows[0]['peak_memory_kind']}) | " + " | ".join(f"S={c}" for c in contexts) + " |",
+        ]
+        lines.append("|---" * (len(contexts) + 1) + "|")
+        for k in kinds:
+            peak = {r["context"]: r["peak_memory_bytes"] / 2**20 for r in rows if r["attention"] == k}
+            lines.append(f"| {first[k]['label']} | " + " | ".join(f"{peak[c]:.1f}" for c in contexts) + " |")
     return "\n".join(lines)
 
 
@@ -281,10 +322,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    parser.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the peak-memory child processes"
+    )
+    parser.add_argument("--memory-probe", nargs=2, metavar=("KIND", "CONTEXT"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--json", action="store_true", help="print the rows as JSON instead of markdown tables"
     )
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_probe:  # child process of measure_memory
+        device = pick_device(args.device)
+        print(json.dumps({**memory_probe(args, device), "device": device.type}))
+        return
     rows = benchmark(args)
     print(json.dumps(rows, indent=1) if args.json else markdown(rows))
 

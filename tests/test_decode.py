@@ -338,28 +338,14 @@ def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(
-        ["--size", "nano", "--context", "16", "--steps", "2", "--repeats", "1", "--check-tokens", "24"]
-    )
-    bench.main(
-        [
-            "--size",
-            "nano",
-            "--context",
-            "16",
-            "--steps",
-            "2",
-            "--repeats",
-            "1",
-            "--check-tokens",
-            "24",
-            "--json",
-        ]
-    )
+    tiny = ["--size", "nano", "--context", "16", "--steps", "2", "--repeats", "1", "--check-tokens", "24"]
+    bench.main([*tiny, "--attention", "lrkv"])  # markdown, with its peak-memory child process
+    bench.main([*tiny, "--json", "--no-memory"])
     out = capsys.readouterr().out
     assert "| lrkv-r8 |" in out
     rows = json.loads(out[out.index("\n[") + 1 :])
     assert [r["attention"] for r in rows] == list(costs.ATTENTIONS)
     for r in rows:
         assert r["measured_cache_bytes"] == r["formula_cache_bytes"] == r["cache_bytes_per_token"] * 24
+        assert r["run_cache_bytes"] == 4 * r["cache_bytes_per_token"] * 16 // 2  # fp32 caches of 16 positions
         assert r["max_abs_logit_diff_vs_full"] < 1e-4 and r["tokens_per_s"] > 0 and r["context"] == 16
