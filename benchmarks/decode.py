@@ -11,7 +11,8 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
 - speed: at each context S, the cache is filled with S - 1 tokens (prefilled in chunks), then single-token
   steps are timed, each attending to S positions: after every step the cache is rewound by one position, so
   all timed steps run at the same context. Tokens/s = batch x steps / seconds, the median of repeats timed
-  round-robin across the attentions (all models stay loaded), so machine noise hits them alike;
+  round-robin across the attentions (all models stay loaded), so machine noise hits them alike; also per
+  second of the process's CPU time (tokens_per_cpu_s), steadier on a shared CPU (with --threads 1);
 - peak memory of decoding at each context, measured in a child process that holds only that attention's
   model and caches (so that neither the other models nor this process's history count): the peak over the
   same single-token steps, and the baseline just before them (model + filled caches + runtime). CUDA:
@@ -179,13 +180,15 @@ def prepare_steps(
     return step
 
 
-def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
+def timed(step: Callable[[], None], steps: int, device: torch.device) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) for `steps` steps. On a shared CPU the CPU time leaves out
+    the time the process waited for a core; with one thread it is the cost of the steps themselves."""
     sync(device)
-    begin = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     sync(device)
-    return time.perf_counter() - begin
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def decode_speed(
@@ -194,7 +197,7 @@ def decode_speed(
     """Tokens/s of single-token steps at `context` for every attention, timed round-robin (on a shared
     machine, noise then hits all alike), and each one's peak memory in a child process (measure_memory)."""
     steps = {kind: prepare_steps(net, context, args.batch, args.chunk, device) for kind, net in nets.items()}
-    times: dict[str, list[float]] = {kind: [] for kind in steps}
+    times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in steps}
     for repeat in range(args.repeats + 1):  # the first round warms up and is not counted
         for kind, step in steps.items():
             seconds = timed(step, args.steps, device)
@@ -202,13 +205,17 @@ def decode_speed(
                 times[kind].append(seconds)
     out = {}
     for kind, step in steps.items():
-        seconds = statistics.median(times[kind])
+        seconds = statistics.median(wall for wall, _ in times[kind])
+        cpu_seconds = statistics.median(cpu for _, cpu in times[kind])
         flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].attention_config, context)
         out[kind] = {
             "context": context,
             "batch": args.batch,
             "tokens_per_s": args.batch * args.steps / seconds,
             "ms_per_step": 1000 * seconds / args.steps,
+            "tokens_per_cpu_s": args.batch
+            * args.steps
+            / cpu_seconds,  # per second of this process's CPU time
             "decode_flops_per_token": flops,
             "achieved_gflops": args.batch * args.steps * flops / seconds / 1e9,
             "run_cache_bytes": caches_nbytes(step.caches),  # type: ignore[attr-defined]
@@ -265,7 +272,8 @@ def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({**common[kind], **speed})
             memory = f", peak {speed['peak_memory_bytes'] / 2**20:.1f} MiB" if args.memory else ""
             print(
-                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s{memory}",
+                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s, "
+                f"{speed['tokens_per_cpu_s']:9.1f} tok/CPU-s{memory}",
                 flush=True,
                 file=sys.stderr,
             )
@@ -289,11 +297,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['max_abs_logit_diff_vs_full']:.1e} | {r['logit_std']:.2f} |"
         )
     contexts = sorted({r["context"] for r in rows})
-    lines += ["", "| tokens/s | " + " | ".join(f"S={c}" for c in contexts) + " |"]
-    lines.append("|---" * (len(contexts) + 1) + "|")
-    for k in kinds:
-        speed = {r["context"]: r["tokens_per_s"] for r in rows if r["attention"] == k}
-        lines.append(f"| {first[k]['label']} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
+    for key, title in (("tokens_per_s", "tokens/s (wall)"), ("tokens_per_cpu_s", "tokens per CPU-second")):
+        lines += ["", f"| {title} | " + " | ".join(f"S={c}" for c in contexts) + " |"]
+        lines.append("|---" * (len(contexts) + 1) + "|")
+        for k in kinds:
+            speed = {r["context"]: r[key] for r in rows if r["attention"] == k}
+            lines.append(f"| {first[k]['label']} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
     if all("peak_memory_bytes" in r for r in rows):
         lines += [
             "",
