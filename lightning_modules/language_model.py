@@ -18,12 +18,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightning_modules import costs
+from lightning_modules.attention import kernel
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
+from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize, param_dtype_for
 from lightning_modules.transformer import Transformer
 
 
@@ -67,18 +70,22 @@ class LanguageModel(L.LightningModule):
         attention: AttentionConfig,
         optimizer: OptimizerConfig | None = None,
         budget: Budget | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
         super().__init__()
         self.arch: ModelConfig = _as(ModelConfig, arch)
         self.attention: AttentionConfig = resolve_attention(self.arch, _as(AttentionConfig, attention))
         self.optim_config: OptimizerConfig = _as(OptimizerConfig, optimizer) or OptimizerConfig()
         self.budget: Budget = _as(Budget, budget) or Budget()
+        self.parallel: ParallelConfig = _as(ParallelConfig, parallel) or ParallelConfig()
         # logger=False: the CLI logs the whole merged config once (mlflow_config.py), not this subset.
         self.save_hyperparameters(logger=False)
         self.model = Transformer(self.arch, self.attention)
         self.tokens_seen = 0
         self.flops_seen = 0.0
         self.metrics = torch.nn.ModuleDict({split: MeanMetric() for split in ("val", "test")})
+        self._parallelized = False
+        self._kernel_logged = False
 
     # ----- compute accounting -------------------------------------------------------------------
     def flops_per_token(self, tokens_per_forward: int) -> float:
@@ -112,6 +119,39 @@ class LanguageModel(L.LightningModule):
             self.trainer.fit_loop.epoch_loop.max_steps = steps
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ConfigError("trainer.max_steps or model.budget must set the training length")
+
+    # ----- parallelism (DESIGN.md "Scale"; lightning_modules/parallel.py) ----------------------------
+    def configure_model(self) -> None:
+        """Shard the built decoder with FSDP2 when the strategy gives a device mesh (FSDP2Strategy), and
+        checkpoint each block's activations if asked, whatever the strategy. Lightning calls this hook in
+        every fit / validate / test, so it applies once."""
+        if self._parallelized:
+            return
+        if self.device_mesh is None:
+            unused = self.parallel.sharding_settings_changed()
+            if unused:  # DESIGN.md "Style": a knob that cannot apply is an error, not silently ignored
+                raise ConfigError(
+                    f"{', '.join(unused)}: only a sharded strategy uses this; compose conf/strategy/fsdp.yaml "
+                    "or conf/strategy/hybrid-fsdp.yaml"
+                )
+            parallelize(self.model, self.parallel, None, None)
+        else:
+            mesh = data_parallel_mesh(self.device_mesh, self.parallel.sharding, self.trainer.num_nodes)
+            parallelize(self.model, self.parallel, mesh, param_dtype_for(str(self.trainer.precision)))
+        self._parallelized = True
+
+    def on_train_start(self) -> None:
+        self._kernel_logged = False
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """After the first step, say which attention kernel ran (kernel.attend records it): an MLflow tag
+        `attention_kernel` on rank 0, and a log line."""
+        if self._kernel_logged:
+            return
+        self._kernel_logged = True
+        rank_zero_info(f"attention kernel: {kernel.last_kernel} ({kernel.last_reason})")
+        if isinstance(self.logger, MLFlowLogger) and self.trainer.is_global_zero:
+            self.logger.experiment.set_tag(self.logger.run_id, "attention_kernel", kernel.last_kernel)
 
     # ----- steps --------------------------------------------------------------------------------
     def forward(self, tokens: Tensor) -> Tensor:
@@ -196,6 +236,7 @@ class LanguageModel(L.LightningModule):
             attention=asdict(self.attention),
             optimizer=asdict(self.optim_config),
             budget=asdict(self.budget),
+            parallel=asdict(self.parallel),
         )
         checkpoint["compute"] = {"tokens_seen": self.tokens_seen, "flops_seen": self.flops_seen}
         if isinstance(self.logger, MLFlowLogger):  # so that resume / validate / test continue this run

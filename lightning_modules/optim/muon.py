@@ -13,6 +13,14 @@ exactly torch.optim.Muon's update (same momentum, Nesterov, Newton-Schulz iterat
 adjustment, decoupled weight decay), but on each logical block: row blocks of a fused weight
 (Attention.muon_blocks) and each matrix of a 3-D parameter. With no blocks it equals torch.optim.Muon
 (tests/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged.
+
+Under FSDP2 (DESIGN.md "Muon under FSDP2") parameters, gradients and momenta are DTensors sharded on dim 0,
+and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
+DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here the Nesterov update is
+all-gathered to the whole tensor (`full_tensor`), every logical matrix is orthogonalised whole, and each
+rank applies the rows of the result that it owns; momentum, weight decay and AdamW stay elementwise on the
+local shards. Every rank orthogonalises every matrix (redundant work, no extra collective beyond the
+gather); tests/test_fsdp_muon.py shows the sharded step equals the unsharded one.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.optim import Optimizer
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _adjust_lr, _zeropower_via_newtonschulz
 from torch.optim.adamw import adamw
@@ -38,6 +48,24 @@ def orthogonalise(
     return torch.cat(
         [_zeropower_via_newtonschulz(block, ns, steps, eps) for block in update.split(list(rows))]
     )
+
+
+def local_rows(p: DTensor, full: Tensor) -> tuple[Tensor, int]:
+    """This rank's shard of `full` (a tensor of p's global shape) and the global index of its first row.
+
+    The shard is cut by p's own placements, so it lines up with p.to_local() row for row (FSDP2 pads
+    uneven shards; DTensor's Shard(0) chunks the same way)."""
+    shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return shard, offset[0]
+
+
+def check_placements(p: Tensor) -> None:
+    """Muon's gather-and-slice handles row sharding (FSDP, HSDP) only."""
+    if isinstance(p, DTensor) and any(
+        not (pl == Shard(0) or isinstance(pl, Replicate)) for pl in p.placements
+    ):
+        raise ValueError(f"Muon handles DTensors sharded on dim 0 only, got placements {p.placements}")
 
 
 class MuonAdamW(Optimizer):
@@ -76,6 +104,7 @@ class MuonAdamW(Optimizer):
             if not group["use_muon"]:
                 continue
             for p in group["params"]:
+                check_placements(p)
                 if p.ndim not in (2, 3):
                     raise ValueError(
                         f"Muon takes 2-D matrices or 3-D stacks of matrices, got shape {tuple(p.shape)}"
@@ -113,6 +142,8 @@ class MuonAdamW(Optimizer):
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - momentum)
                 update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                if isinstance(update, DTensor):
+                    update = update.full_tensor()  # whole logical matrices (module docstring)
                 update = orthogonalise(
                     update, self.blocks.get(p), group["ns_coefficients"], group["ns_steps"], group["eps"]
                 )
@@ -154,14 +185,21 @@ class MuonAdamW(Optimizer):
         )
 
     def _apply(self, p: Tensor, update: Tensor, lr: float, adjust_lr_fn: str | None) -> None:
+        """p -= adjusted lr x update, with update the whole (global-shape) orthogonalised tensor; a sharded p
+        takes the rows it owns (global rows offset .. offset + its local rows)."""
         shapes = self.block_shapes(p)
+        target, offset = p, 0
+        if isinstance(p, DTensor):
+            target = p.to_local()  # a view: updating it updates the shard in place
+            update, offset = local_rows(p, update)
         if len(set(shapes)) == 1:  # one LR for the whole parameter
-            p.add_(update.to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shapes[0]))
+            target.add_(update.to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shapes[0]))
             return
         start = 0
         for shape in shapes:  # row blocks of unequal shapes: each its own adjusted LR
-            rows = shape[0]
-            p[start : start + rows].add_(
-                update[start : start + rows].to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shape)
-            )
-            start += rows
+            # global rows start .. start + shape[0] of the block, as local rows lo .. hi of this shard
+            lo = max(start - offset, 0)
+            hi = min(start + shape[0] - offset, target.shape[0])
+            if lo < hi:
+                target[lo:hi].add_(update[lo:hi].to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shape))
+            start += shape[0]

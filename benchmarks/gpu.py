@@ -1,0 +1,256 @@
+"""GPU training throughput per attention: tokens/s, MFU, peak memory, flash-attn against SDPA (one H200,
+under 10 minutes with the defaults).
+
+    python benchmarks/gpu.py                  # 128m and 1b, every attention, both kernels: a table
+    python benchmarks/gpu.py --json           # the same rows as JSON
+    python benchmarks/gpu.py --device cpu --sizes nano --seq-len 32 --batch-size 2 --steps 1 --warmup 1
+                                              # smoke run of the same code on a CPU (no figures)
+
+A timed step is what a training step of LanguageModel runs under Lightning's bf16-mixed on one device: the
+decoder's forward under bf16 autocast, fp32 cross-entropy, backward, gradient clipping at 1.0 and the
+paper's optimiser (MuonAdamW: Muon for block matrices, AdamW for embedding, head and gains; --optimizer
+adamw for AdamW everywhere), eager. Micro-batches are the paper's per-GPU ones (conf/recipe: 16 x 2048
+at 128m, 8 x 2048 at 1b). MFU = achieved training FLOPs/s (costs.py's convention) / the device's peak
+dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch's max allocated.
+
+The kernel is chosen by lightning_modules/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
+"flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal
+q/k and v head dims, always runs SDPA, so it has one row). LRKV is measured on both training paths
+(DESIGN.md: keep the faster). A size or row that does not fit in memory is reported as "oom".
+
+Targets (issue 5): mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
+at the same size (best kernel each). Without CUDA the script says so and exits 0: the GPU figures stay
+pending in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lightning_modules import costs
+from lightning_modules.attention import kernel
+from lightning_modules.config import resolve_attention
+from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
+from lightning_modules.throughput import device_peak_flops
+from lightning_modules.transformer import Transformer
+
+KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
+MICRO_BATCH = {"128m": 16, "1b": 8, "2.5b": 8, "6.3b": 8}  # conf/recipe/<size>.yaml
+MFU_TARGET = 0.45
+VS_MHA_TARGET = 0.90
+
+
+@contextlib.contextmanager
+def kernel_choice(name: str) -> Iterator[None]:
+    """ "sdpa": attend sees no flash-attn; "flash": attend uses it wherever it can."""
+    saved = kernel.flash_attn_func
+    if name == "sdpa":
+        kernel.flash_attn_func = None
+    try:
+        yield
+    finally:
+        kernel.flash_attn_func = saved
+
+
+def variants() -> list[tuple[str, str | None]]:
+    return [
+        (kind, path)
+        for kind in KINDS
+        for path in (("factorized", "materialized") if kind == "lrkv" else (None,))
+    ]
+
+
+def measure(
+    size: str, kind: str, path: str | None, kernel_name: str, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    model, attention = costs.load_configs([costs.fragment("model", size), costs.fragment("attention", kind)])
+    if args.seq_len:
+        model = dataclasses.replace(model, seq_len=args.seq_len)
+    attention = resolve_attention(
+        model, dataclasses.replace(attention, lrkv_path=path) if path else attention
+    )
+    batch = args.batch_size or MICRO_BATCH.get(size, 8)
+    label = attention.label() + (f" ({path})" if path else "")
+    row: dict[str, Any] = {"size": size, "attention": label, "kernel": kernel_name, "batch": batch}
+    row["seq_len"] = model.seq_len
+    cuda = device.type == "cuda"
+    try:
+        torch.manual_seed(0)
+        with torch.device(device):
+            net = Transformer(model, attention)
+            tokens = torch.randint(0, model.vocab_size, (batch, model.seq_len + 1))
+        optimizer = build_optimizer(
+            net, OptimizerConfig(name=args.optimizer, lr=0.02, embed_lr=0.2, head_lr=0.004)
+        )
+
+        def step() -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = net(tokens[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        with kernel_choice(kernel_name):
+            for _ in range(args.warmup):
+                step()
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            if cuda:
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - start
+        row["kernel_ran"] = kernel.last_kernel
+        tokens_per_s = batch * model.seq_len * args.steps / seconds
+        flops_per_token = costs.train_flops_per_token(model, attention, batch * model.seq_len)
+        peak = device_peak_flops(device)
+        row["tokens_per_s"] = round(tokens_per_s)
+        row["mfu"] = round(tokens_per_s * flops_per_token / peak, 4) if peak else None
+        row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None
+        row["status"] = "ok"
+    except torch.OutOfMemoryError:
+        row.update(kernel_ran=None, tokens_per_s=None, mfu=None, peak_mem_gib=None, status="oom")
+    finally:
+        net = optimizer = tokens = None  # free before the next row
+        if cuda:
+            torch.cuda.empty_cache()
+    return row
+
+
+def compare(rows: list[dict[str, Any]]) -> list[str]:
+    """vs_mha per row (same size and kernel), and the issue's targets as PASS / FAIL lines."""
+    lines = []
+    for size in sorted({r["size"] for r in rows}, key=[r["size"] for r in rows].index):
+        ok = [r for r in rows if r["size"] == size and r["status"] == "ok"]
+        mha = {r["kernel"]: r["tokens_per_s"] for r in ok if r["attention"] == "mha"}
+        for r in ok:
+            ref = mha.get(r["kernel"]) or mha.get("sdpa")
+            r["vs_mha"] = round(r["tokens_per_s"] / ref, 3) if ref else None
+        best: dict[str, dict[str, Any]] = {}
+        for r in ok:
+            kind = r["attention"].split("(")[0].split("-")[0].strip()
+            if kind not in best or r["tokens_per_s"] > best[kind]["tokens_per_s"]:
+                best[kind] = r
+        if "mha" not in best:
+            continue
+        top = best["mha"]
+        if size == "128m" and top["mfu"] is not None and top["seq_len"] == 2048:
+            verdict = "PASS" if top["mfu"] >= MFU_TARGET else "FAIL"
+            lines.append(
+                f"{verdict} {size} mha MFU {top['mfu']:.1%} (target >= {MFU_TARGET:.0%}, {top['kernel']})"
+            )
+        for r in best.values():
+            ratio = r["tokens_per_s"] / top["tokens_per_s"]
+            verdict = "PASS" if ratio >= VS_MHA_TARGET else "FAIL"
+            lines.append(f"{verdict} {size} {r['attention']} {ratio:.1%} of mha's tokens/s (target >= 90 %)")
+    return lines
+
+
+def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
+    try:
+        import flash_attn  # type: ignore[import-not-found]
+
+        flash = flash_attn.__version__
+    except ImportError:
+        flash = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": name,
+        "torch": torch.__version__,
+        "flash_attn": flash,
+        "command": " ".join(["python", "benchmarks/gpu.py", *argv]),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| size | attention | kernel | ran | batch x seq | tokens/s | MFU | peak GiB | vs mha |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "-"
+        tps = f"{r['tokens_per_s']:,}" if r.get("tokens_per_s") is not None else r["status"]
+        vs = f"{r['vs_mha']:.2f}" if r.get("vs_mha") is not None else "-"
+        lines.append(
+            f"| {r['size']} | {r['attention']} | {r['kernel']} | {r.get('kernel_ran') or '-'} | "
+            f"{r['batch']} x {r['seq_len']} | {tps} | {mfu} | {mem} | {vs} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", nargs="+", default=["128m", "1b"])
+    parser.add_argument("--kernels", nargs="+", choices=["flash", "sdpa"], default=["flash", "sdpa"])
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the paper's micro-batch")
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the size's (2048)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
+    parser.add_argument("--budget-minutes", type=float, default=9.0, help="rows after this are skipped")
+    parser.add_argument("--json", action="store_true")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "benchmarks/gpu.py: no CUDA device here; the GPU figures stay pending in BENCHMARKS.md.",
+            file=sys.stderr,
+        )
+        return 0
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    start = time.perf_counter()
+    rows = []
+    for size in args.sizes:
+        for kind, path in variants():
+            for kernel_name in args.kernels:
+                if kernel_name == "flash" and kind == "mla":
+                    continue  # unequal head dims: attend runs SDPA whatever is installed
+                if kernel_name == "flash" and kernel.flash_attn_func is None:
+                    continue  # nothing to compare: say so below
+                if time.perf_counter() - start > args.budget_minutes * 60:
+                    rows.append({"size": size, "attention": kind, "kernel": kernel_name, "status": "skipped"})
+                    continue
+                rows.append(measure(size, kind, path, kernel_name, args, device))
+                if not args.json:
+                    print(
+                        f"  measured {rows[-1]['size']} {rows[-1]['attention']} {kernel_name}",
+                        file=sys.stderr,
+                    )
+    rows = [r for r in rows if r["status"] != "skipped"] + [r for r in rows if r["status"] == "skipped"]
+    verdicts = compare([r for r in rows if r["status"] != "skipped"])
+    env = environment(device, argv)
+    if "flash" in args.kernels and kernel.flash_attn_func is None:
+        verdicts.insert(0, "NOTE flash-attn not installed (pip install .[flash]): SDPA rows only")
+    if args.json:
+        print(json.dumps({"environment": env, "rows": rows, "targets": verdicts}, indent=1))
+        return 0
+    print(f"{env['date']}, {env['device']}, torch {env['torch']}, flash-attn {env['flash_attn']}")
+    print(f"command: {env['command']}\n")
+    print(table([r for r in rows if r["status"] != "skipped"]))
+    print()
+    print("\n".join(verdicts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
