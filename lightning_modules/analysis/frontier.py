@@ -136,7 +136,7 @@ def plot_cache_frontier(frontier: pd.DataFrame, title: str | None = None) -> Fig
         best = part[part["pareto"]].sort_values("kv_cache_bytes_per_token")
         # The staircase bounds what is attainable: at any larger cache, at least the frontier's loss.
         ax.step(100 * best["kv_cache_vs_mha"], best["loss_mean"], where="post", color="0.6", lw=1.2, zorder=1)
-        for i, row in enumerate(part.sort_values("kv_cache_bytes_per_token").itertuples(index=False)):
+        for row in part.itertuples(index=False):
             style = attention_style(row.attention)
             half = (row.loss_ci_high - row.loss_ci_low) / 2 if row.n >= 2 else None
             ax.errorbar(
@@ -150,18 +150,22 @@ def plot_cache_frontier(frontier: pd.DataFrame, title: str | None = None) -> Fig
                 capsize=3,
                 zorder=2,
             )
+            # Label just above-right (clear of the staircase, which runs right at the point's height), in the
+            # point's colour, so that close points stay told apart.
             ax.annotate(
-                f"{row.label}\n{row.kv_cache_bytes_per_token:,.0f} B",
+                f"{row.label} ({row.kv_cache_bytes_per_token:,.0f} B)",
                 (100 * row.kv_cache_vs_mha, row.loss_mean),
                 textcoords="offset points",
-                xytext=(6, 4) if i % 2 == 0 else (6, -16),  # neighbours alternate, so labels overlap less
+                xytext=(5, 3),
+                va="bottom",
                 fontsize=7,
+                color=style["color"],
             )
         ax.set_title(size)
-        ax.set_xlabel("KV cache per token (% of MHA's; label: bytes, bf16, all layers)")
+        ax.set_xlabel("KV cache per token (% of MHA's; labels: bytes per token, bf16, all layers)")
         ax.set_ylabel("final loss (nats/token)")
         ax.grid(alpha=0.3)
-        ax.margins(x=0.15, y=0.12)
+        ax.margins(x=0.22, y=0.12)
         ax.legend(
             [
                 Line2D([], [], ls="", marker="o", color="0.3"),

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import math
 
+import matplotlib
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 from lightning_modules.analysis import paper
 from lightning_modules.analysis.errors import MissingMetricsError
-from lightning_modules.analysis.frontier import cache_frontier, paper_frontier_128m, pareto_mask
+from lightning_modules.analysis.frontier import (
+    cache_frontier,
+    paper_frontier_128m,
+    pareto_mask,
+    plot_cache_frontier,
+)
 from lightning_modules.analysis.runs import load_runs
+from lightning_modules.analysis.styles import attention_style
 from tests.analysis import synthetic
+
+matplotlib.use("Agg")
 
 
 def test_pareto_mask_on_known_points() -> None:
@@ -83,3 +93,17 @@ def test_paper_frontier_reproduces_the_printed_cache_fractions() -> None:
     # PAPER.md: below about 40 % cache MLA is on the frontier, above it LRKV.
     optimal = list(points.index[points["pareto"]])
     assert optimal == ["mla-c128", "mla-c192", "mla-c384", "lrkv-r46", "lrkv-r64", "lrkv-r128"]
+
+
+def test_each_label_sits_at_its_own_point_in_its_colour(runs) -> None:
+    frontier = cache_frontier(runs)
+    fig = plot_cache_frontier(frontier)
+    ax = next(a for a in fig.axes if a.get_title() == "nano")
+    rows = frontier[frontier["size"] == "nano"].set_index("label")
+    assert len(ax.texts) == len(rows)
+    for text in ax.texts:
+        label = text.get_text().split(" ")[0]
+        assert text.xy == pytest.approx(
+            (100 * rows.loc[label, "kv_cache_vs_mha"], rows.loc[label, "loss_mean"])
+        )
+        assert to_rgba(text.get_color()) == to_rgba(attention_style(rows.loc[label, "attention"])["color"])
