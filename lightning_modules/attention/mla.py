@@ -108,9 +108,8 @@ class MultiHeadLatentAttention(Attention):
         B, T, _ = x.shape
         H, dh, d_c, d_r = self.n_head, self.head_dim, self.d_c, self.d_r
         q_c, q_r, c, k_r = self._project(x, rope, start=cache.length)
-        latent = cache.append(latent=torch.cat([c, k_r.view(B, T, d_r)], dim=-1))[
-            "latent"
-        ]  # (B, S, d_c + d_R)
+        new = torch.cat([c, k_r.view(B, T, d_r)], dim=-1)  # (B, T, d_c + d_R)
+        latent = cache.append(latent=new)["latent"]  # (B, S, d_c + d_R), S = positions held
         if cache.path == "rebuilt":
             c_all, k_r_all = latent.split([d_c, d_r], dim=-1)
             return self._attend_rebuilt(q_c, q_r, c_all, k_r_all.unsqueeze(2))
