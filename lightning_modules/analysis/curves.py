@@ -99,6 +99,8 @@ def _draw_panel(
         curve = curves[curves["label"] == label]
         xs = curve[x] / unit.scale
         n = int(curve["n"].max())
+        if len(curve) == 1:
+            marker = marker or "o"  # a run validated once is a point; a line without a marker would not show
         ax.plot(xs, curve["loss_mean"], marker=marker, markersize=4, label=f"{label} (n={n})", **style)
         if n >= 2:
             ax.fill_between(

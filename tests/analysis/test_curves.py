@@ -15,6 +15,7 @@ from lightning_modules.analysis.runs import load_runs
 from lightning_modules.analysis.stats import mean_ci
 from lightning_modules.analysis.units import axis_label, flops_unit, tokens_unit
 from tests.analysis import synthetic
+from tests.analysis.synthetic import tidy_table
 
 matplotlib.use("Agg")
 
@@ -95,3 +96,13 @@ def test_units() -> None:
     assert axis_label("flops", 1.75e21)[1] == "cumulative training compute (ExaFLOPs)"
     with pytest.raises(ValueError, match="tokens"):
         axis_label("steps", 1.0)
+
+
+def test_a_run_validated_once_is_still_drawn() -> None:
+    # A short run (the demo's budget with a long validation interval) has one evaluation per label.
+    runs = tidy_table(
+        {("nano", "mha", "mha", 1): [(100.0, 3.0)], ("nano", "lrkv", "lrkv-r8", 1): [(100.0, 2.9)]},
+        {"mha": 1.0, "lrkv-r8": 1.0},
+    )
+    _, lines = panel_lines(plot_loss_curves(runs), "nano")
+    assert lines["mha"].get_marker() not in (None, "None", "") and len(lines["mha"].get_xdata()) == 1
