@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= artifacts/shakespeare
 
-.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep
+.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ litgpt: $(STAMP)
 
 bench: litgpt
 	$(PY) benchmarks/train_throughput.py --vs litgpt
+
+# Execute notebooks/*.ipynb headless against ./mlruns (or MLFLOW_TRACKING_URI); figures and tables to figures/.
+notebooks: $(STAMP)
+	$(PY) -m lightning_modules.analysis.run_notebooks
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db

@@ -45,7 +45,7 @@ def test_notebooks_define_nothing(path: Path) -> None:
 
 # Fixtures returning a tracking URI that every notebook must run against; a store written by a real tiny
 # training run belongs here beside the synthetic one.
-STORES = ["synthetic_store"]
+STORES = ["synthetic_store", "tiny_run_store"]  # the second is written by real training runs
 
 
 @pytest.fixture(scope="module", params=STORES)
