@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= artifacts/shakespeare
 
-.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks
+.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks decode-bench
 
 setup: $(STAMP)
 
@@ -50,6 +50,9 @@ bench: litgpt
 # Execute notebooks/*.ipynb headless against ./mlruns (or MLFLOW_TRACKING_URI); figures and tables to figures/.
 notebooks: $(STAMP)
 	$(PY) -m lightning_modules.analysis.run_notebooks
+
+decode-bench: $(STAMP)
+	$(PY) benchmarks/decode.py --size nano
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db
