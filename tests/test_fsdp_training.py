@@ -1,6 +1,7 @@
 """FSDP2 through main() on CPU with gloo, two processes (DESIGN.md "Scale"): every attention fits, writes a
 sharded checkpoint, resumes from it exactly as an uninterrupted run continues, and tests from it; hybrid
-sharding runs across two torchrun "nodes" on this machine and trains the same model.
+sharding runs across two torchrun "nodes" on this machine and trains the same model; a consolidated
+checkpoint serves generation and a single-process test.
 
 One job per launch (tests/fsdp_driver.py runs all the fits of all attentions in the same two processes),
 so the start-up cost is paid once.
@@ -20,8 +21,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from lightning_modules.consolidate import consolidate
+from lightning_modules.generate import load_model
+from main import main
 from tests.fsdp_driver import STEPS, STOP
 from tests.helpers import KINDS
+from tests.test_training import args as single_process_args
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -109,6 +114,34 @@ def test_fsdp_fit_checkpoint_resume(kind: str, fsdp_runs: Path, store: tuple[Pat
     assert meta["hyper_parameters"]["parallel"]["sharding"] == "full"
     tags = MlflowClient(uri).get_run(rank0["run_ids"]["straight"]).data.tags
     assert tags["attention_kernel"] == "sdpa"  # CPU: flash-attn cannot run
+
+
+def test_consolidated_checkpoint_serves_one_device(
+    fsdp_runs: Path, store: tuple[Path, str], tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lightning_modules.consolidate gathers a sharded checkpoint into one file that generation and a
+    single-process test read; the test continues the MLflow run that wrote the checkpoint."""
+    work, uri = store
+    out = fsdp_runs / "lrkv"
+    straight, resumed, half = (
+        consolidate(out / run / f"epoch=0-step={step}.ckpt")
+        for run, step in (("straight", STEPS), ("resumed", STEPS), ("interrupted", STOP))
+    )
+    assert not any(key.startswith("optimizer") for key in straight)
+    weights = straight["state_dict"]
+    assert weights["model.embed.weight"].shape == (512, 128)  # whole, not a shard
+    assert all(torch.equal(weights[k], resumed["state_dict"][k]) for k in weights)  # exact resume, again
+    assert not torch.equal(weights["model.head.weight"], half["state_dict"]["model.head.weight"])
+    single = work / "lrkv-step6.ckpt"
+    torch.save(resumed, single)
+    model, _ = load_model(single)
+    assert torch.isfinite(model(torch.randint(0, 512, (1, 8)))).all()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tested = main(single_process_args("test", tiny_shards, "lrkv", "--ckpt_path", str(single),
+                                      "--trainer.limit_test_batches", "2"))  # fmt: skip
+    assert tested.trainer.logger.run_id == results(out)[0]["run_ids"]["resumed"]
+    assert "test/loss" in MlflowClient(uri).get_run(tested.trainer.logger.run_id).data.metrics
 
 
 def free_port() -> int:
