@@ -110,6 +110,7 @@ def cli() -> None:
         out = Path(args.out) / kind
         out.mkdir(parents=True, exist_ok=True)
         run(kind, args.shards, out, extra)
+    dist.barrier()  # neither rank tears down its connections while the other still uses them
     dist.destroy_process_group()
 
 

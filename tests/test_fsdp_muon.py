@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+from datetime import timedelta
 
 import pytest
 import torch
@@ -112,13 +113,15 @@ def end_to_end(rank: int, optimizer: str) -> None:
 
 def worker(rank: int, port: int, scenario: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # A failing check on one rank leaves the other waiting in a collective: give up after a minute.
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
     try:
         if scenario == "optimizer":
             optimizer_level(rank)
         else:
             end_to_end(rank, scenario)
+        dist.barrier()  # neither rank tears down its connections while the other still uses them
     finally:
         dist.destroy_process_group()
 
