@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
+from lightning.fabric.utilities.load import _METADATA_FILENAME
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -38,6 +40,18 @@ def _budget_label(budget: Any) -> str:
 
 def _init_args(component: Any) -> Namespace | None:
     return component.get("init_args") if isinstance(component, Namespace) else None
+
+
+def _checkpoint_run_id(path: Path) -> str | None:
+    """The MLflow run that wrote a checkpoint: a single file, or a sharded FSDP directory whose non-tensor
+    state sits in its metadata file."""
+    if path.is_dir():
+        path = path / _METADATA_FILENAME
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", mmap=path.stat().st_size > 0, weights_only=False).get(
+        "mlflow_run_id"
+    )
 
 
 class MLflowConfigCallback(SaveConfigCallback):
@@ -134,9 +148,8 @@ class LanguageModelCLI(LightningCLI):
             )
             args.tags = {**tags, **(args.get("tags") or {})}
             ckpt_path = cfg.get("ckpt_path")
-            if ckpt_path and not args.get("run_id") and Path(ckpt_path).is_file():
-                checkpoint = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
-                args.run_id = checkpoint.get("mlflow_run_id")
+            if ckpt_path and not args.get("run_id"):
+                args.run_id = _checkpoint_run_id(Path(ckpt_path))
             self._tracking_uri = args.tracking_uri
 
     def _configure_checkpoints(self, cfg: Namespace, name: str) -> None:
@@ -151,7 +164,9 @@ class LanguageModelCLI(LightningCLI):
 
     def _check_tracking(self) -> None:
         uri = getattr(self, "_tracking_uri", None)
-        if uri:
+        # Rank 0 only: under torchrun or srun every rank runs this, and ranks racing to create a fresh
+        # SQLite store can collide; rank 0 is also the only one that logs.
+        if uri and rank_zero_only.rank == 0:
             tracking.check_reachable(uri)
 
     def before_fit(self) -> None:

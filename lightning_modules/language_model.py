@@ -182,7 +182,7 @@ class LanguageModel(L.LightningModule):
         paths = set()
         for callback in self.trainer.checkpoint_callbacks:
             paths.update([callback.last_model_path, callback.best_model_path, *callback.best_k_models])
-        written = [Path(p) for p in paths if p and Path(p).is_file()]
+        written = [Path(p) for p in paths if p and Path(p).exists()]  # sharded checkpoints are directories
         return str(max(written, key=lambda p: p.stat().st_mtime_ns)) if written else "none written yet"
 
     def _eval_step(self, split: str, batch: Tensor) -> None:
