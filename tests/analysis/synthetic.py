@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
 from lightning_modules import costs
+from lightning_modules.analysis.runs import COST_COLUMNS
 from lightning_modules.config import KNOBS, AttentionConfig, resolve_attention
 
 EXPERIMENT = "lrkv-lab"
@@ -110,15 +111,7 @@ def _log_run(client: MlflowClient, experiment_id: str, spec: RunSpec) -> None:
     _flatten("model.attention", dataclasses.asdict(attention), params)
     params["data.batch_size"] = str(TOKENS_PER_STEP[spec.size] // model.seq_len)
     params["trainer.max_steps"] = str(steps[-1])
-    for key in (
-        "params",
-        "non_embedding_params",
-        "attention_params",
-        "kv_cache_bytes_per_token",
-        "kv_cache_vs_mha",
-        "train_flops_per_token",
-        "decode_flops_per_token",
-    ):
+    for key in COST_COLUMNS:  # the cost parameters the loader reads
         params[f"cost.{key}"] = str(row[key])
 
     run = client.create_run(experiment_id, run_name=spec.name, tags=tags)
