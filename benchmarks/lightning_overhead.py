@@ -30,7 +30,9 @@ from lightning_modules.cli import main as cli_main  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule  # noqa: E402
 
 
-def bare_tokens_per_s(model: torch.nn.Module, batch: int, seq_len: int, vocab: int, steps: int, warmup: int) -> float:
+def bare_tokens_per_s(
+    model: torch.nn.Module, batch: int, seq_len: int, vocab: int, steps: int, warmup: int
+) -> float:
     optimizer = build_optimizer(model, OptimizerConfig(lr=3e-3, warmup_steps=20))
     schedule = build_schedule(optimizer, OptimizerConfig(lr=3e-3, warmup_steps=20), steps + warmup)
     tokens = torch.randint(0, vocab, (batch, seq_len + 1))
@@ -50,7 +52,9 @@ def bare_tokens_per_s(model: torch.nn.Module, batch: int, seq_len: int, vocab: i
     return batch * seq_len / statistics.median(times)
 
 
-def lightning_tokens_per_s(attention: str, steps: int, warmup: int, data_dir: str) -> tuple[float, torch.nn.Module]:
+def lightning_tokens_per_s(
+    attention: str, steps: int, warmup: int, data_dir: str
+) -> tuple[float, torch.nn.Module]:
     cwd = Path.cwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # checkpoints/ and the store land in the temporary folder
@@ -79,7 +83,9 @@ def lightning_tokens_per_s(attention: str, steps: int, warmup: int, data_dir: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--attention", default="mha")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)

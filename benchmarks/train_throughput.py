@@ -76,7 +76,9 @@ def timed(step: Callable[[], None], steps: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(contenders: dict[str, Callable[[], None]], steps: int, repeats: int, warmup: int) -> dict[str, float]:
+def measure(
+    contenders: dict[str, Callable[[], None]], steps: int, repeats: int, warmup: int
+) -> dict[str, float]:
     """Median seconds per `steps` steps for each contender, timed round-robin so they share the noise."""
     for step in contenders.values():
         for _ in range(warmup):
@@ -102,7 +104,9 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
             configs[label] = attention
             contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
             if args.vs == "litgpt" and kind in ("mha", "gqa", "mqa"):
-                n_kv = {"mha": model.n_head, "mqa": 1, "gqa": resolve_attention(model, attention).n_kv_heads}[kind]
+                n_kv = {"mha": model.n_head, "mqa": 1, "gqa": resolve_attention(model, attention).n_kv_heads}[
+                    kind
+                ]
                 contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
     seconds = measure(contenders, args.steps, args.repeats, args.warmup)
     tokens_per_run = args.batch_size * model.seq_len * args.steps
@@ -130,9 +134,13 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", nargs="+", default=["nano", "20m"])
-    parser.add_argument("--vs", choices=["litgpt"], default=None, help="pair mha/gqa/mqa with a reference model")
+    parser.add_argument(
+        "--vs", choices=["litgpt"], default=None, help="pair mha/gqa/mqa with a reference model"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (median taken)")
@@ -144,7 +152,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'size':>5} {'attention':<24} {'params':>10} {'ours tok/s':>10} {'ref tok/s':>10} {'ratio':>6} {'vs mha':>6}")
+    print(
+        f"{'size':>5} {'attention':<24} {'params':>10} {'ours tok/s':>10} {'ref tok/s':>10} {'ratio':>6} {'vs mha':>6}"
+    )
     for r in rows:
         ref = f"{r['ref_tokens_per_s']:>10.0f}" if r["ref_tokens_per_s"] else f"{'-':>10}"
         ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
