@@ -151,3 +151,25 @@ def test_unreachable_tracking_server_fails_before_training(
     with pytest.raises(TrackingUnreachableError, match=r"http://127\.0\.0\.1:9 is unreachable"):
         main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "3"))
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").rglob("*.ckpt"))
+
+
+def test_fit_ending_between_checkpoint_steps_still_saves_the_end(
+    tiny_shards: Path, mlflow_uri: str, tmp_path: Path
+) -> None:
+    extra = ("--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
+             "--trainer.callbacks.every_n_train_steps", "2", "--trainer.callbacks.save_top_k", "-1",
+             "--trainer.callbacks.dirpath", str(tmp_path / "ck"))  # fmt: skip
+    cli = main(
+        args(
+            "fit",
+            tiny_shards,
+            "mha",
+            *extra[:4],
+            "--trainer.callbacks+=lightning_modules.checkpointing.EndOfFitModelCheckpoint",
+            *extra[4:],
+        )
+    )
+    steps = sorted(torch.load(p, weights_only=True)["global_step"] for p in (tmp_path / "ck").glob("*.ckpt"))
+    assert steps == [2, 4, 5]  # every 2 steps, and the end
+    base = Path(cli.trainer.checkpoint_callbacks[0].last_model_path)  # conf/base.yaml's callback: last.ckpt
+    assert base.name == "last.ckpt" and torch.load(base, weights_only=True)["global_step"] == 5
