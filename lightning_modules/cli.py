@@ -31,11 +31,8 @@ from lightning_modules.language_model import Budget, LanguageModel
 from lightning_modules.optim.setup import OptimizerConfig
 
 
-def _budget_label(budget: Any) -> str:
-    if budget is None:
-        return "steps"
-    tokens, flops = getattr(budget, "tokens", None), getattr(budget, "flops", None)
-    return f"flops={flops:.3g}" if flops else f"tokens={tokens:.3g}" if tokens else "steps"
+def _budget_label(budget: Namespace | None) -> str:
+    return Budget(**budget.as_dict()).describe() if budget is not None else "steps"
 
 
 def _init_args(component: Any) -> Namespace | None:

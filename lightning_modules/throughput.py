@@ -54,6 +54,9 @@ class ThroughputMonitor(L.Callback):
             log.info("MFU not logged: no peak bf16 rate known for device %s", pl_module.device)
         self._last = None
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # the next step's interval would include validation time
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
