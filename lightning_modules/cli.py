@@ -60,9 +60,8 @@ class MLflowConfigCallback(SaveConfigCallback):
         if not isinstance(logger, MLFlowLogger):
             return
         client, run_id = logger.experiment, logger.run_id
-        resumed = "mlflow.source.name" in client.get_run(run_id).data.tags and bool(
-            client.get_run(run_id).data.params
-        )
+        run = client.get_run(run_id)
+        resumed = "mlflow.source.name" in run.data.tags and bool(run.data.params)
         if not resumed:  # MLflow forbids changing a parameter; a resumed run keeps the first values
             params = tracking.flatten(self.config.as_dict())
             row = costs.cost_row(pl_module.arch, pl_module.attention)

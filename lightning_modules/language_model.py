@@ -82,6 +82,7 @@ class LanguageModel(L.LightningModule):
         self.save_hyperparameters(logger=False)
         self.model = Transformer(self.arch, self.attention)
         self.tokens_seen = 0
+        self._flops_per_token: dict[int, float] = {}
         self.flops_seen = 0.0
         self.metrics = torch.nn.ModuleDict({split: MeanMetric() for split in ("val", "test")})
         self._parallelized = False
@@ -89,7 +90,12 @@ class LanguageModel(L.LightningModule):
 
     # ----- compute accounting -------------------------------------------------------------------
     def flops_per_token(self, tokens_per_forward: int) -> float:
-        return costs.train_flops_per_token(self.arch, self.attention, tokens_per_forward)
+        # Called every training step: computed once per micro-batch size, not re-resolved each step.
+        if tokens_per_forward not in self._flops_per_token:
+            self._flops_per_token[tokens_per_forward] = costs.train_flops_per_token(
+                self.arch, self.attention, tokens_per_forward
+            )
+        return self._flops_per_token[tokens_per_forward]
 
     def tokens_per_step(self, micro_batch: int) -> int:
         """Tokens one optimizer step trains on, over all ranks and accumulated micro-batches."""
@@ -111,12 +117,11 @@ class LanguageModel(L.LightningModule):
             return
         datamodule = getattr(self.trainer, "datamodule", None)
         micro_batch = getattr(datamodule, "batch_size", None)
-        if self.budget.describe() != "steps":
+        if self.budget.tokens is not None or self.budget.flops is not None:
             if micro_batch is None:
                 raise ConfigError("model.budget needs a datamodule with a batch_size to turn into steps")
-            steps = self.budget_steps(micro_batch)
             # Lightning reads max_steps from the fit loop; the budget replaces trainer.max_steps.
-            self.trainer.fit_loop.epoch_loop.max_steps = steps
+            self.trainer.fit_loop.epoch_loop.max_steps = self.budget_steps(micro_batch)
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ConfigError("trainer.max_steps or model.budget must set the training length")
 

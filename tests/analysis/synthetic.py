@@ -15,9 +15,9 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from lightning_modules import costs
+from lightning_modules import costs, tracking
 from lightning_modules.analysis.runs import COST_COLUMNS
-from lightning_modules.config import KNOBS, AttentionConfig, resolve_attention
+from lightning_modules.config import AttentionConfig, resolve_attention
 
 EXPERIMENT = "lrkv-lab"
 SIZES = ("nano", "20m")
@@ -84,31 +84,18 @@ def _configs(size: str, kind: str, knobs: dict[str, Any]) -> tuple[costs.ModelCo
     return model, resolve_attention(model, dataclasses.replace(attention, **knobs))
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}", inner, out)
-    elif value is not None:
-        out[prefix] = str(value)
-
-
 def _log_run(client: MlflowClient, experiment_id: str, spec: RunSpec) -> None:
     model, attention = _configs(spec.size, spec.kind, dict(spec.knobs))
     row = costs.cost_row(model, attention)
     steps = EVAL_STEPS[spec.size]
     budget = steps[-1] * TOKENS_PER_STEP[spec.size]
-    tags = {
-        "size": spec.size,
-        "attention": spec.kind,
-        "attention_label": spec.label,
-        "seed": str(spec.seed),
-        "git_commit": "0123456789abcdef0123456789abcdef01234567",
-        "budget": f"tokens={budget:.3g}",
-    }
-    tags.update({f"knob.{k}": str(getattr(attention, k)) for k in KNOBS if getattr(attention, k) is not None})
-    params: dict[str, str] = {}
-    _flatten("model.arch", dataclasses.asdict(model), params)
-    _flatten("model.attention", dataclasses.asdict(attention), params)
+    # The training CLI's own tag and parameter conventions (lightning_modules/tracking.py), so the contract
+    # lives in one place; only the commit is pinned for determinism.
+    tags = tracking.run_tags(model, attention, spec.seed, f"tokens={budget:.3g}")
+    tags["git_commit"] = "0123456789abcdef0123456789abcdef01234567"
+    assert tags["attention_label"] == spec.label
+    config = {"model": {"arch": dataclasses.asdict(model), "attention": dataclasses.asdict(attention)}}
+    params = {k: str(v) for k, v in tracking.flatten(config).items() if v is not None}
     params["data.batch_size"] = str(TOKENS_PER_STEP[spec.size] // model.seq_len)
     params["trainer.max_steps"] = str(steps[-1])
     for key in COST_COLUMNS:  # the cost parameters the loader reads
