@@ -85,3 +85,35 @@ def test_explicit_knob_overrides_size_default() -> None:
 def test_vocab_is_padded_to_a_multiple_of_64() -> None:
     assert ModelConfig(vocab_size=50257, n_head=4, d_model=128, head_dim=32).padded_vocab_size == 50304
     assert tiny_model(vocab_size=128).padded_vocab_size == 128
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"lr": 0.0}, r"optimizer\.lr=0\.0: must be > 0"),
+        ({"head_lr": -1.0}, r"optimizer\.head_lr=-1\.0: must be > 0"),
+        ({"warmup_steps": -1}, r"optimizer\.warmup_steps=-1: must be >= 0"),
+        ({"min_lr_ratio": 1.5}, r"optimizer\.min_lr_ratio=1\.5: must be in \[0, 1\]"),
+    ],
+)
+def test_bad_optimizer_values(fields: dict, message: str) -> None:
+    from lightning_modules.optim.setup import OptimizerConfig
+
+    with pytest.raises(ConfigError, match=message):
+        OptimizerConfig(**fields)
+
+
+def test_bad_budget_values() -> None:
+    from lightning_modules.language_model import Budget
+
+    with pytest.raises(ConfigError, match=r"model\.budget\.flops=0\.0: must be > 0"):
+        Budget(flops=0.0)
+    with pytest.raises(ConfigError, match=r"model\.budget\.tokens=-5: must be > 0"):
+        Budget(tokens=-5)
+
+
+def test_unknown_size_fragment_lists_the_allowed_ones() -> None:
+    from lightning_modules import costs
+
+    with pytest.raises(ConfigError, match=r"no conf/model/3b\.yaml; allowed: .*128m.*nano"):
+        costs.fragment("model", "3b")

@@ -173,3 +173,12 @@ def test_fit_ending_between_checkpoint_steps_still_saves_the_end(
     assert steps == [2, 4, 5]  # every 2 steps, and the end
     base = Path(cli.trainer.checkpoint_callbacks[0].last_model_path)  # conf/base.yaml's callback: last.ckpt
     assert base.name == "last.ckpt" and torch.load(base, weights_only=True)["global_step"] == 5
+
+
+def test_no_training_length_is_an_error(tiny_shards: Path, mlflow_uri: str) -> None:
+    from lightning_modules.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"trainer\.max_steps or model\.budget must set the training length"
+    ):
+        main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "-1"))
