@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import tarfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,8 +33,15 @@ def encode_npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+# numpy parses the .npy header with ast.literal_eval, which is not thread-safe on CPython 3.11 ("SystemError:
+# AST constructor recursion depth mismatch", seen in data.verify's thread pool under FSDP tests); decoding is
+# serialised, the rest of verification (reading, hashing) stays parallel.
+_DECODE_LOCK = threading.Lock()
+
+
 def decode_npy(payload: bytes) -> np.ndarray:
-    return np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
+    with _DECODE_LOCK:
+        return np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
 
 
 def write_shard(path: Path, first_index: int, samples: Sequence[np.ndarray]) -> str:

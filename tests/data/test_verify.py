@@ -199,3 +199,19 @@ def test_skip_bad_shards_is_opt_in_and_logged(prepared_copy: Path, caplog: pytes
     # the remaining samples are read, and none from the missing shard
     expected = {tuple(s.tolist()) for s in read_split(prepared_copy, "train", skip=(shard.name,))}
     assert {tuple(row.tolist()) for b in batches for row in b} <= expected
+
+
+def test_npy_decoding_is_safe_from_many_threads() -> None:
+    """numpy's .npy header parse (ast.literal_eval) is not thread-safe on CPython 3.11; verify decodes in a
+    thread pool, so decode_npy must be."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from data.shards import decode_npy, encode_npy
+
+    payloads = [encode_npy(np.arange(i, i + 17, dtype=np.uint16)) for i in range(64)]
+    with ThreadPoolExecutor(8) as pool:
+        decoded = list(pool.map(decode_npy, payloads * 50))
+    for i, array in enumerate(decoded):
+        assert array.tolist() == list(range(i % 64, i % 64 + 17))
