@@ -24,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from data.atomic import atomic_dataset
 from data.errors import DataError, PrepareError
 from data.manifest import SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab, samples_for_stream
 from data.shards import shard_name, write_shard
@@ -36,6 +37,7 @@ from data.sources import (
     shakespeare_files,
 )
 from data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, eot_id, for_encoding, load_tokenizer, train_bpe
+from data.verify import check_tokenizer, verify
 
 DEFAULT_VOCAB = 4096
 ENCODE_BATCH_BYTES = 1 << 20  # encode_batch runs documents in parallel; ~1 MB batches keep all cores busy
@@ -56,6 +58,7 @@ class PrepareConfig:
     text_field: str = "text"
     text_column: str = "text"
     errors: str = "strict"
+    force: bool = False  # build into an --out that holds files no previous manifest lists (they are kept)
     txt_doc_chars: int | None = None  # default: SHAKESPEARE_DOC_CHARS for shakespeare, 0 (file = doc) else
     progress: bool = True
 
@@ -114,6 +117,8 @@ Document = tuple[str, bytes, str]  # text, its UTF-8 bytes, its split
 
 
 def prepare(cfg: PrepareConfig) -> Manifest:
+    """Build the dataset in a folder beside --out, verify it, then swap it in (data/atomic.py): a failure at
+    any point leaves a previous dataset in --out as it was."""
     _check_options(cfg)
     if cfg.source == "shakespeare":
         files, doc_chars = shakespeare_files(), SHAKESPEARE_DOC_CHARS
@@ -122,9 +127,15 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     if cfg.txt_doc_chars is not None:
         doc_chars = cfg.txt_doc_chars
     options = SourceOptions(cfg.text_field, cfg.text_column, cfg.errors, doc_chars)
-    out = Path(cfg.out)
-    _clear_outputs(out)
+    with atomic_dataset(Path(cfg.out), cfg.force) as build:  # permissions checked before any work
+        manifest = _build(cfg, files, options, doc_chars, build)
+        _verify_built(build, manifest)
+    return manifest
 
+
+def _build(
+    cfg: PrepareConfig, files: Sequence[Path], options: SourceOptions, doc_chars: int, out: Path
+) -> Manifest:
     def documents(stats: SourceStats) -> Iterator[Document]:
         for text in iter_documents(files, options, stats):
             raw = text.encode("utf-8")
@@ -167,9 +178,20 @@ def prepare(cfg: PrepareConfig) -> Manifest:
             "txt_doc_chars": doc_chars,
         },
     )
-    manifest.check_consistent(str(out))
+    manifest.check_consistent(str(cfg.out))
     manifest.save(out)
     return manifest
+
+
+def _verify_built(build: Path, manifest: Manifest) -> None:
+    """What was written reads back as the manifest says (checksums, sample counts, tokenizer) before it
+    replaces anything."""
+    Manifest.load(build)
+    problems = [str(p) for p in verify(build, manifest, full=False)]
+    if (problem := check_tokenizer(build, manifest)) is not None:
+        problems.append(problem)
+    if problems:
+        raise PrepareError("the new shards do not verify, nothing replaced: " + "; ".join(problems[:3]))
 
 
 def _tokenizer(
@@ -245,17 +267,6 @@ def _check_options(cfg: PrepareConfig) -> None:
         raise PrepareError(f"--errors {cfg.errors!r}: use 'strict' or 'replace'")
 
 
-def _clear_outputs(out: Path) -> None:
-    """Remove what an earlier run wrote, manifest first, so a crash never leaves stale shards listed."""
-    if out.exists() and not out.is_dir():
-        raise PrepareError(f"{out}: --out exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)
-    for split in SPLITS:
-        for old in out.glob(f"{split}-*.tar*"):
-            old.unlink()
-
-
 def _check_nonempty(stats: SourceStats, files: Sequence[Path]) -> None:
     if stats.documents == 0:
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
@@ -311,6 +322,11 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         type=int,
         help="split .txt files at blank lines into ~N-char documents (default: 0, one document per file; 8192 for shakespeare)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="build into an --out that holds other files (they are kept; only a previous dataset's files are replaced)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     return PrepareConfig(
@@ -328,6 +344,7 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         text_column=a.text_column,
         errors=a.errors,
         txt_doc_chars=a.txt_doc_chars,
+        force=a.force,
         progress=not a.no_progress,
     )
 
