@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data.atomic import atomic_dataset
-from data.errors import DataError, PrepareError
+from data.errors import PrepareError
 from data.manifest import SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab, samples_for_stream
 from data.shards import shard_name, write_shard
 from data.sources import (
@@ -38,6 +38,7 @@ from data.sources import (
 )
 from data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, eot_id, for_encoding, load_tokenizer, train_bpe
 from data.verify import check_tokenizer, verify
+from lightning_modules.user_errors import run_entry
 
 DEFAULT_VOCAB = 4096
 ENCODE_BATCH_BYTES = 1 << 20  # encode_batch runs documents in parallel; ~1 MB batches keep all cores busy
@@ -351,12 +352,12 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
+    return run_entry(lambda: _run(cfg), "data.prepare", code=1)
+
+
+def _run(cfg: PrepareConfig) -> int:
     start = time.perf_counter()
-    try:
-        manifest = prepare(cfg)
-    except DataError as exc:
-        print(f"data.prepare: error: {exc}", file=sys.stderr)
-        return 1
+    manifest = prepare(cfg)
     seconds = time.perf_counter() - start
     text = sum(s.text_bytes for s in manifest.splits.values())
     print(f"wrote {cfg.out}: vocab {manifest.vocab_size} ({manifest.dtype}), seq_len {manifest.seq_len}")
