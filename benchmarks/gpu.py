@@ -39,13 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules import costs
-from lightning_modules.attention import kernel
-from lightning_modules.config import resolve_attention
+from lightning_modules.attention import REGISTRY, kernel, names, resolve_attention
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
 from lightning_modules.throughput import device_peak_flops
 from lightning_modules.transformer import Transformer
 
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
 MICRO_BATCH = {"128m": 16, "1b": 8, "2.5b": 8, "6.3b": 8}  # conf/recipe/<size>.yaml
 MFU_TARGET = 0.45
 VS_MHA_TARGET = 0.90
@@ -64,10 +62,11 @@ def kernel_choice(name: str) -> Iterator[None]:
 
 
 def variants() -> list[tuple[str, str | None]]:
+    """(kind, training path or None) for every registered attention and each of its training paths."""
     return [
-        (kind, path)
-        for kind in KINDS
-        for path in (("factorized", "materialized") if kind == "lrkv" else (None,))
+        (kind, next(iter(override.values()), None))
+        for kind in names()
+        for override in REGISTRY[kind].train_paths().values()
     ]
 
 
@@ -77,8 +76,9 @@ def measure(
     model, attention = costs.load_configs([costs.fragment("model", size), costs.fragment("attention", kind)])
     if args.seq_len:
         model = dataclasses.replace(model, seq_len=args.seq_len)
+    path_knob = REGISTRY[kind].train_path_knob
     attention = resolve_attention(
-        model, dataclasses.replace(attention, lrkv_path=path) if path else attention
+        model, dataclasses.replace(attention, **{path_knob: path}) if path and path_knob else attention
     )
     batch = args.batch_size or MICRO_BATCH.get(size, 8)
     label = attention.label() + (f" ({path})" if path else "")

@@ -26,7 +26,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
 from lightning_modules import costs, tracking
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.language_model import Budget, LanguageModel
 from lightning_modules.optim.setup import OptimizerConfig
 

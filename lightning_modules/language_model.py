@@ -23,8 +23,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightning_modules import costs
-from lightning_modules.attention import kernel
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, kernel, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
 from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize, param_dtype_for
 from lightning_modules.transformer import Transformer

@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.config import KNOBS, AttentionConfig, ModelConfig
+from lightning_modules.attention import AttentionConfig, knob_values
+from lightning_modules.config import ModelConfig
 
 EXPERIMENT = "lrkv-lab"
 
@@ -80,8 +81,7 @@ def run_tags(model: ModelConfig, attention: AttentionConfig, seed: Any, budget: 
         "budget": budget,
         "git_commit": git_commit(),
     }
-    for knob in KNOBS:
-        value = getattr(attention, knob)
+    for knob, value in knob_values(attention).items():
         if value is not None:
             tags[f"knob.{knob}"] = str(value)
     return tags
