@@ -16,9 +16,9 @@ dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch'
 The kernel is chosen by lightning_modules/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
 "flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal
 q/k and v head dims, always runs SDPA, so it has one row). LRKV is measured on both training paths
-(DESIGN.md: keep the faster). A size or row that does not fit in memory is reported as "oom".
+(docs/attentions.md: both lrkv paths are measured). A size or row that does not fit in memory is reported as "oom".
 
-Targets (issue 5): mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
+Targets: mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
 at the same size (best kernel each). Without CUDA the script says so and exits 0: the GPU figures stay
 pending in BENCHMARKS.md.
 """

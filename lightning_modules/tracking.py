@@ -1,6 +1,6 @@
 """MLflow conventions: where the store is, what a run is called and tagged, and a reachability check.
 
-Default store: embedded SQLite under ./mlruns (DESIGN.md "Tracking"; MLflow 3 deprecates the file store and
+Default store: embedded SQLite under ./mlruns (docs/tracking.md; MLflow 3 deprecates the file store and
 Lightning's MLFlowLogger would default to it, so a URI is always passed). MLFLOW_TRACKING_URI overrides.
 """
 

@@ -1,4 +1,4 @@
-"""Synthetic runs logged with the MLflow client exactly as the training module's contract says (issue 7).
+"""Synthetic runs logged with the MLflow client exactly as the training module's contract says.
 
 Curves are known closed forms, so tests can compare what the analysis reads and computes with the truth:
 loss(t) = FLOOR[size] + OFFSET[kind] + SEED_SPREAD[seed] x SEED_SCALE[kind] + 2 / sqrt(1 + t / 1e5), t in training tokens.
