@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+from lightning_modules.lightning_api import load_sharded_checkpoint
 
 
 def consolidate(folder: str | Path) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def consolidate(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     if not (folder.is_dir() and (folder / ".metadata").is_file()):
         raise FileNotFoundError(f"{folder}: not a sharded checkpoint directory (no .metadata inside)")
-    checkpoint = _load_distributed_checkpoint(folder)
+    checkpoint = load_sharded_checkpoint(folder)
     for key in [k for k in checkpoint if k.startswith("optimizer_")]:
         del checkpoint[key]
     return checkpoint
