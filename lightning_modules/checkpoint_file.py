@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.load import _METADATA_FILENAME
 
+from lightning_modules.lightning_api import METADATA_FILENAME
 from lightning_modules.user_errors import UserError
 
 REQUIRED = ("pytorch-lightning_version", "global_step", "hyper_parameters")
@@ -31,10 +31,10 @@ def read_checkpoint(
     """The checkpoint's dict (tensors memory-mapped), or a UserError naming the file and what to do."""
     given = Path(path)
     where = f"{option} {given}"
-    file = given / _METADATA_FILENAME if given.is_dir() else given
+    file = given / METADATA_FILENAME if given.is_dir() else given
     if given.is_dir() and not file.is_file():
         raise UserError(
-            f"{where}: a folder without {_METADATA_FILENAME}, so not a sharded checkpoint; give a .ckpt file "
+            f"{where}: a folder without {METADATA_FILENAME}, so not a sharded checkpoint; give a .ckpt file "
             "or a checkpoint folder written by fit (checkpoints/<run>/last.ckpt)"
         )
     if not file.is_file():
