@@ -85,6 +85,8 @@ def _check_writable(folder: Path, what: str) -> None:
 def atomic_dataset(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield an empty temporary folder beside `out`; on a clean exit it becomes `out` (see module doc)."""
     out = Path(out)
+    if out.is_symlink():  # swap at the target, so the link keeps pointing at the dataset
+        out = out.resolve()
     check_destination(out, force)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}.build-", dir=out.parent))
     try:

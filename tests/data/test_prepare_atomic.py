@@ -116,3 +116,14 @@ def test_unwritable_out_is_named_before_the_tokenizer_is_trained(
     assert main(_args(corpus[0], folder / "out")) == 1
     err = capsys.readouterr().err
     assert str(folder) in err and "not writable" in err and "Traceback" not in err
+
+
+def test_out_through_a_symlink_keeps_the_link(
+    dataset: Path, corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(dataset)
+    assert main(_args(corpus[0], link, "--shard-samples", "1000")) == 0
+    assert link.is_symlink() and link.resolve() == dataset.resolve()
+    assert {p.name for p in dataset.glob("*.tar")} == {"train-00000.tar", "val-00000.tar", "test-00000.tar"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "link"]
