@@ -10,7 +10,8 @@ after logging but before its checkpoint: all values of a step must equal the uni
 
 Kill moments: odd kills at a uniformly random time after the run has made progress past its resume point,
 even kills as soon as a checkpoint write has begun (Lightning/fsspec write the file under TMPDIR first, then
-move it into place; this script gives each process its own TMPDIR and kills when a file appears there).
+move it into place; this script gives each process its own TMPDIR and kills when a file appears there;
+folders there are torch's caches).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def _wait_and_kill(
             return False
         time.sleep(0.01)
     if in_write:
-        while not any(tmpdir.iterdir()):
+        while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
             if proc.poll() is not None:
                 return False
             time.sleep(0.0005)
