@@ -11,6 +11,7 @@ One rule for training (lightning_modules/cli.py), the benchmarks and generation 
 
 from __future__ import annotations
 
+import argparse
 import platform
 from dataclasses import dataclass
 
@@ -98,3 +99,29 @@ def describe(choice: PrecisionChoice) -> str:
         f"precision {choice.precision}, chosen by the hardware: {choice.reason}; "
         "set --trainer.precision to choose by hand"
     )
+
+
+FLAG_VALUES = {"bf16": BF16, "fp32": FP32}
+
+
+def from_flag(value: str, hardware: Hardware | None = None) -> PrecisionChoice:
+    """A benchmark's or generation's `--precision auto|bf16|fp32` under the same rule as training."""
+    if value not in ("auto", *FLAG_VALUES):
+        raise ValueError(f"--precision {value!r}: choose auto, bf16 or fp32")
+    return choose(FLAG_VALUES.get(value), hardware or detect())
+
+
+def add_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--precision",
+        choices=["auto", *FLAG_VALUES],
+        default="auto",
+        help="auto: bf16 where the hardware has native bf16, else fp32 (lightning_modules/precision.py)",
+    )
+
+
+def weights_dtype(flag: str, device: torch.device | str) -> torch.dtype:
+    """The dtype to cast a model to for inference on `device` (generation, decode benchmarks)."""
+    device = torch.device(device)
+    hardware = detect("cuda" if device.type == "cuda" else device.type)
+    return torch.bfloat16 if uses_bf16(from_flag(flag, hardware)) else torch.float32

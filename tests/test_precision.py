@@ -76,3 +76,28 @@ def test_cli_explicit_precision_wins(tiny_shards: Path, mlflow_uri: str, value: 
     assert str(cli.trainer.precision) == value
     (logger,) = cli.trainer.loggers
     assert logger.tags["precision_source"] == "user"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("flag", "hardware", "expected"),
+    [
+        ("auto", Hardware("cpu", False, "AVX2"), FP32),
+        ("auto", Hardware("cpu", True, "AMX"), BF16),
+        ("bf16", Hardware("cpu", False, "AVX2"), BF16),
+        ("fp32", Hardware("cuda", True, "H200"), FP32),
+    ],
+)
+def test_benchmark_and_generation_flag_follows_the_rule(flag: str, hardware: Hardware, expected: str) -> None:
+    assert precision.from_flag(flag, hardware).precision == expected
+
+
+def test_bad_flag_is_refused() -> None:
+    with pytest.raises(ValueError, match="choose auto, bf16 or fp32"):
+        precision.from_flag("fp16", Hardware("cpu", False, "x"))
+
+
+def test_generation_dtype_on_this_cpu() -> None:
+    native = precision.cpu_has_native_bf16()
+    assert precision.weights_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert precision.weights_dtype("fp32", "cpu") == torch.float32
+    assert precision.weights_dtype("bf16", "cpu") == torch.bfloat16
