@@ -158,13 +158,16 @@ class ReadDocuments(PipelineStep):
         stats = _SOURCE_STATS.setdefault((self.work, rank), SourceStats())
         for path in task_files(self.files, rank, world_size):
             self.stat_update("input_files")
-            for number, text in enumerate(iter_documents([Path(path)], self.options, stats)):
-                raw = text.encode("utf-8")
-                split = split_of(raw, self.val_frac, self.test_frac)
-                self.stat_update(split)
-                yield Document(
-                    text=text, id=f"{path}/{number}", metadata={"split": split, "raw": raw, "file": path}
-                )
+            try:
+                for number, text in enumerate(iter_documents([Path(path)], self.options, stats)):
+                    raw = text.encode("utf-8")
+                    split = split_of(raw, self.val_frac, self.test_frac)
+                    self.stat_update(split)
+                    yield Document(
+                        text=text, id=f"{path}/{number}", metadata={"split": split, "raw": raw, "file": path}
+                    )
+            except DataError as exc:  # names the file (and line) already; say which task stopped
+                raise PrepareError(f"task {rank} of {world_size}: {exc}") from exc
 
 
 class TaskSplitWriter(SplitWriter):

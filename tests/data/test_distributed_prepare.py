@@ -238,3 +238,22 @@ def test_merged_dataset_trains(two_tasks: Path, mlflow_uri: str) -> None:
           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])  # fmt: skip
     checkpoints = list(Path("checkpoints").rglob("last.ckpt"))
     assert len(checkpoints) == 1
+
+
+def test_swap_in_deletes_only_what_the_old_manifest_lists(tiny_shards: Path, tmp_path: Path) -> None:
+    from data.distributed_prepare import swap_in
+
+    out, built = tmp_path / "out", tmp_path / "built"
+    shutil.copytree(tiny_shards, out)
+    (out / "notes.txt").write_text("the user's")
+    built.mkdir()
+    (built / "manifest.json").write_text("{}")
+    (built / "train-task00000-00000.tar").write_bytes(b"new")
+    swap_in(built, out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "notes.txt",
+        "train-task00000-00000.tar",
+    ]
+    assert (out / "notes.txt").read_text() == "the user's" and not built.exists()
+    assert not (tmp_path / ".out.replaced").exists()
