@@ -8,10 +8,8 @@ A tokenizer (vocab 4096) is trained once beforehand and loaded by every timed ru
 part the tasks parallelise: read, split, encode, pack, write shards (and, for --tasks, the merge). Each run
 is a fresh `python -m data.prepare` process, timed whole (imports, datatrove's process start and the merge
 included). MB/s counts UTF-8 text bytes, tokens/s the documents' tokens plus one end-of-text each. CPU
-seconds (user + sys of the run and the children it reaps) are reported where they are complete: for the
-one-process path and --tasks with one worker (tasks run in the driver process); datatrove's pool workers are
-children of its forkserver, which this process never reaps. MB per CPU second of those runs is the per-core
-rate that an estimate for a bigger node scales.
+seconds are user + sys of the run and every process under it: MB per CPU second is the per-core rate that an
+estimate for a bigger node scales.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -48,16 +45,45 @@ def make_corpus(folder: Path, copies: int) -> None:
             shutil.copy(path, folder / f"{copy:02d}-{path.name}")
 
 
+def _proc_times() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user + sys CPU seconds) of every process, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            out[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
 def timed(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the command and its children)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """(wall seconds, CPU seconds of the command and every process under it). The tree is sampled every
+    0.2 s from /proc because datatrove's pool workers are children of its forkserver, which is never reaped
+    (the kernel's children rusage misses them); each process's last < 0.2 s is missed."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: dict[int, float] = {}
+    while process.poll() is None:
+        table = _proc_times()
+        tree, grew = {process.pid}, True
+        while grew:
+            grew = False
+            for pid, (parent, _) in table.items():
+                if parent in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        for pid in tree:
+            if pid in table:
+                seen[pid] = max(seen.get(pid, 0.0), table[pid][1])
+        time.sleep(0.2)
     wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({process.returncode})")
+    return wall, sum(seen.values())
 
 
 def main() -> None:
@@ -73,8 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus, tok = Path(tmp) / "corpus", Path(tmp) / "tok"
         make_corpus(corpus, args.copies)
-        subprocess.run([*prepare, "--source", "shakespeare", "--out", str(tok)], check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)  # fmt: skip
+        timed([*prepare, "--source", "shakespeare", "--out", str(tok)])
         base = [*prepare, str(corpus), "--tokenizer", str(tok / "tokenizer.json")]
         runs = [("one process (today's path)", [])]
         runs += [
@@ -83,13 +108,12 @@ def main() -> None:
         for name, extra in runs:
             out = Path(tmp) / f"out-{len(rows)}"
             wall, cpu = timed([*base, "--out", str(out), *extra])
-            complete = not extra or min(int(extra[1]), os.cpu_count() or 1) == 1
             manifest = Manifest.load(out)
             text = sum(s.text_bytes for s in manifest.splits.values())
             tokens = sum(s.stream_tokens for s in manifest.splits.values())
-            rows.append({"run": name, "text_mb": text / 1e6, "tokens": tokens, "wall_s": wall, "cpu_s": cpu if complete else None,
+            rows.append({"run": name, "text_mb": text / 1e6, "tokens": tokens, "wall_s": wall, "cpu_s": cpu,
                          "mb_per_s": text / 1e6 / wall, "tokens_per_s": tokens / wall,
-                         "mb_per_cpu_s": text / 1e6 / cpu if complete else None})  # fmt: skip
+                         "mb_per_cpu_s": text / 1e6 / cpu})  # fmt: skip
             shutil.rmtree(out)
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average": os.getloadavg(), "runs": rows}
     if args.json:
@@ -97,10 +121,9 @@ def main() -> None:
         return
     print(f"machine: {result['cpu']}, {result['cores']} cores, load average {result['load_average'][0]:.1f}")
     for row in rows:
-        per_cpu = "n/a" if row["mb_per_cpu_s"] is None else f"{row['mb_per_cpu_s']:.2f}"
         print(
             f"{row['run']:32s} {row['text_mb']:6.1f} MB  {row['wall_s']:6.1f} s  {row['mb_per_s']:5.2f} MB/s  "
-            f"{row['tokens_per_s']:10,.0f} tokens/s  {per_cpu} MB per CPU-s"
+            f"{row['tokens_per_s']:10,.0f} tokens/s  {row['mb_per_cpu_s']:.2f} MB per CPU-s"
         )
 
 
