@@ -27,6 +27,7 @@ from tqdm import tqdm
 from data.atomic import atomic_dataset
 from data.errors import PrepareError
 from data.manifest import SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab, samples_for_stream
+from data.parallel_options import DistributedOptions, add_arguments, options_from
 from data.shards import shard_name, write_shard
 from data.sources import (
     SHAKESPEARE_DOC_CHARS,
@@ -62,6 +63,7 @@ class PrepareConfig:
     force: bool = False  # build into an --out that holds files no previous manifest lists (they are kept)
     txt_doc_chars: int | None = None  # default: SHAKESPEARE_DOC_CHARS for shakespeare, 0 (file = doc) else
     progress: bool = True
+    parallel: DistributedOptions | None = None  # --tasks: run on datatrove (data/distributed_prepare.py)
 
 
 def split_of(text_bytes: bytes, val_frac: float, test_frac: float) -> str:
@@ -329,6 +331,7 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         help="build into an --out that holds other files (they are kept; only a previous dataset's files are replaced)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_arguments(p)
     a = p.parse_args(argv)
     return PrepareConfig(
         out=a.out,
@@ -347,11 +350,16 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         txt_doc_chars=a.txt_doc_chars,
         force=a.force,
         progress=not a.no_progress,
+        parallel=options_from(p, a),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
+    if cfg.parallel is not None:  # the datatrove path (data/distributed_prepare.py)
+        from data.distributed_prepare import main as distributed_main
+
+        return distributed_main(cfg, cfg.parallel)
     return run_entry(lambda: _run(cfg), "data.prepare", code=1)
 
 
