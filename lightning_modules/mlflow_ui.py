@@ -1,8 +1,10 @@
 """What the MLflow UI needs to show these runs the way a person training models expects (docs/tracking.md).
 
-- MLflow 3 opens an experiment in its GenAI view (traces, prompts, judges) unless the experiment declares
-  its kind. The UI reads the experiment tag `mlflow.experimentKind`; "custom_model_development" is the value
-  its own selector writes for the model-training view. Set once, never overwriting a user's choice.
+- MLflow 3 opens an experiment in its GenAI view (traces, prompts, judges). An experiment declares its kind
+  with the tag `mlflow.experimentKind` ("custom_model_development" is the model-training kind), which we set
+  once, never overwriting a user's choice. MLflow 3.17's UI, though, picks the view from its own
+  GenAI / Model training switch (kept in the browser), which a link sets with `workflowType=machine_learning`;
+  `ui_url` gives that link, and `python -m lightning_modules.mlflow_ui` prints it (make mlflow-ui).
 - The runs table's Dataset column lists a run's dataset inputs. The shards are logged as one, named after
   the data directory, with the manifest's sha256 as digest (the manifest pins every shard's checksum, so
   equal digests mean equal data) and the data directory as source.
@@ -20,8 +22,10 @@ if TYPE_CHECKING:
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
+EXPERIMENT = "lrkv-lab"  # conf/base.yaml's experiment_name
 DIGEST_CHARS = 16  # MLflow stores a digest of at most 36 characters
 CONTEXTS = {"fit": "training", "validate": "validation", "test": "testing"}
+UI = "http://127.0.0.1:5000"  # make mlflow-ui
 
 
 def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
@@ -59,3 +63,28 @@ def log_dataset(client: MlflowClient, run_id: str, data_dir: str | Path, stage: 
 
     context = InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS.get(stage, stage))
     client.log_inputs(run_id, datasets=[DatasetInput(manifest_dataset(data_dir), tags=[context])])
+
+
+def ui_url(experiment_id: str | None, base: str = UI) -> str:
+    """The UI's runs table of the experiment (or its experiment list) in the model-training view."""
+    page = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
+    return f"{base}/#/{page}?workflowType=machine_learning"
+
+
+def main() -> int:
+    """Print the link to the project's experiment in the model-training view."""
+    import warnings
+
+    from lightning_modules import tracking
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from mlflow import MlflowClient
+
+    experiment = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(EXPERIMENT)
+    print(f"MLflow UI: {ui_url(experiment.experiment_id if experiment else None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

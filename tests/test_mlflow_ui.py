@@ -33,6 +33,12 @@ def test_experiment_kind_and_dataset_input(tiny_shards: Path, mlflow_uri: str) -
     assert {(t.key, t.value) for t in logged.tags} == {("mlflow.data.context", "training")}
 
 
+def test_ui_link_opens_the_model_training_view(mlflow_uri: str, capsys) -> None:  # noqa: ANN001
+    assert mlflow_ui.ui_url("3") == "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+    assert mlflow_ui.main() == 0  # no experiment yet: the experiment list, in the same view
+    assert capsys.readouterr().out.strip().endswith("/#/experiments?workflowType=machine_learning")
+
+
 def test_a_users_experiment_kind_is_kept(mlflow_uri: str) -> None:
     from mlflow import MlflowClient
 
