@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
-from lightning_modules import costs, precision, tracking
+from lightning_modules import costs, mlflow_ui, precision, tracking
 from lightning_modules.attention import AttentionConfig, resolve_attention
 from lightning_modules.checkpoint_file import is_special, read_checkpoint
 from lightning_modules.config import ConfigError, ModelConfig
@@ -97,6 +97,10 @@ class MLflowConfigCallback(SaveConfigCallback):
         for key, value in (logger.tags or {}).items():
             if key.startswith("resume."):  # a continued run gets no creation tags: set these here
                 client.set_tag(run_id, key, value)
+        mlflow_ui.mark_model_training(client, logger.experiment_id)
+        data_dir = getattr(trainer.datamodule, "data_dir", None)
+        if data_dir is not None:
+            mlflow_ui.log_dataset(client, run_id, data_dir, stage)
         callback = trainer.checkpoint_callback
         if stage == "fit" and callback is not None and callback.dirpath:
             client.set_tag(run_id, "checkpoint_dir", str(Path(callback.dirpath).resolve()))
