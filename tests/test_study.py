@@ -34,7 +34,7 @@ def micro_protocol(folder: Path, shards: Path, arms: str = "[{kind: mha}, {kind:
         f"experiment: micro\nsizes: [nano]\narms: {arms}\nseeds: [1, 2]\n"
         f"budget: {{flops: {budget!r}}}\ndata: {data}\ncheckpoint_every: 1\n"
         f"fit:\n  model.arch.seq_len: {TINY_SEQ_LEN}\n  trainer.precision: 32-true\n"
-        "  trainer.limit_val_batches: 1\n  trainer.val_check_interval: 5\n  trainer.limit_test_batches: 2\n"
+        "  trainer.limit_val_batches: 2\n  trainer.val_check_interval: 5\n  trainer.limit_test_batches: 2\n"
         + extra
     )
     return path
