@@ -293,7 +293,7 @@ def readme(
                 "resolved (CI excludes 0)": diffs["resolved"].map({True: "yes", False: "no"}),
             }
         )
-        lines += [_md(view), ""]
+        lines += [_md(view), "", resolution(diffs), ""]
     for x, title in (("tokens", "Tokens to target"), ("flops", "FLOPs to target")):
         summary = to_target[x]
         if summary.empty:
@@ -355,6 +355,21 @@ def readme(
         "",
     ]
     return "\n".join(lines)
+
+
+def resolution(diffs: pd.DataFrame) -> str:
+    """What gap these seeds can tell from noise: the half-width of the paired interval, t x sd / sqrt(n)."""
+    half = (diffs["loss_diff_ci_high"] - diffs["loss_diff_ci_low"]) / 2
+    if half.dropna().empty:
+        return "One seed pair per arm: no interval, so no gap is resolved."
+    sd = diffs["loss_diff_sd"].dropna()
+    n = int(diffs["n_pairs"].min())
+    return (
+        f"Seed noise: the standard deviation of a paired difference over seeds is {sd.min():.4f}-{sd.max():.4f} "
+        f"nats, so with {n} pairs a gap is resolved when it exceeds the 95 % half-width "
+        f"{half.min():.4f}-{half.max():.4f} nats (t x sd / sqrt(n)); "
+        f"{int(diffs['resolved'].sum())} of {len(diffs)} differences are."
+    )
 
 
 def _rel(path: Path) -> str:
