@@ -44,10 +44,11 @@ def load(protocol: Protocol, uri: str) -> pd.DataFrame:
     runs = load_runs(uri, protocol.experiment, tags=tags)
     tested = set(runs.loc[runs["split"] == "test", "run_id"])
     wanted = {(s.size, s.label, s.seed) for s in protocol.runs}
-    keep = runs["run_id"].isin(tested) & [
-        (size, label, seed) in wanted
-        for size, label, seed in zip(runs["size"], runs["label"], runs["seed"], strict=True)
-    ]
+    planned = pd.Series(
+        [(a, b, c) in wanted for a, b, c in zip(runs["size"], runs["label"], runs["seed"], strict=True)],
+        index=runs.index,
+    )
+    keep = runs["run_id"].isin(tested) & planned
     runs = runs[keep].reset_index(drop=True)
     if runs.empty:
         raise NoRunsError(f"no done runs of protocol {protocol.name!r} in {uri}; run it first: "
