@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from lightning_modules import costs, tracking
-from lightning_modules.config import KNOBS, AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules import tracking
+from lightning_modules.attention import AttentionConfig, knob_specs, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig, fragment, load_model_config
 from lightning_modules.language_model import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +78,8 @@ class RunSpec:
 
     def cli_args(self) -> list[str]:
         """main.py's arguments for this run (without the subcommand): the fragments, then the knobs."""
-        args = ["--config", str(ROOT / "conf/base.yaml"), "--config", str(costs.fragment("model", self.size))]
-        args += ["--config", str(costs.fragment("attention", self.attention.kind))]
+        args = ["--config", str(ROOT / "conf/base.yaml"), "--config", str(fragment("model", self.size))]
+        args += ["--config", str(fragment("attention", self.attention.kind))]
         args += ["--config", str(self.data_fragment), "--data.data_dir", str(self.data_dir)]
         for knob, value in self.explicit.items():
             args += [f"--model.attention.{knob}", str(value)]
@@ -141,9 +142,12 @@ def _arm(raw: Any, index: int, where: str) -> tuple[str, dict[str, Any]]:
             f"{where}: arms[{index}] must be a mapping with `kind` and knobs, e.g. {{kind: lrkv, rank: 16}}"
         )
     knobs = {k: v for k, v in raw.items() if k != "kind"}
-    unknown = sorted(set(knobs) - set(KNOBS))
+    allowed = tuple(knob_specs())
+    unknown = sorted(set(knobs) - set(allowed))
     if unknown:
-        raise ConfigError(f"{where}: arms[{index}] has unknown knobs {unknown}; allowed: {', '.join(KNOBS)}")
+        raise ConfigError(
+            f"{where}: arms[{index}] has unknown knobs {unknown}; allowed: {', '.join(allowed)}"
+        )
     return str(raw["kind"]), knobs
 
 
@@ -189,7 +193,7 @@ def load(path: str | Path) -> Protocol:
     arms = [_arm(raw, i, where) for i, raw in enumerate(tree["arms"])]
     runs, labels_by_size = [], {}
     for size in tree["sizes"]:
-        model, _ = costs.load_configs([costs.fragment("model", str(size))])
+        model, _ = load_model_config([fragment("model", str(size))])
         labels: list[str] = []
         resolved = []
         for kind, knobs in arms:
