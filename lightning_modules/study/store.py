@@ -148,6 +148,9 @@ class Store:
 
     def _claim_new(self, spec: RunSpec) -> Run | None:
         tags = {**spec.tags(), CLAIM: self.me, HEARTBEAT: str(time.time())}
+        # MLflow's own source tag, which its logger sets on runs it creates: the CLI reads it to tell a resumed
+        # run (parameters already logged, never logged again) from a new one.
+        tags["mlflow.source.name"] = "lightning_modules/study/worker.py"
         mine = self.client.create_run(self.experiment_id, run_name=spec.name, tags=tags)
         time.sleep(self.settle_s)
         rivals = [r for r in self.runs_of(spec.identity) if r.info.run_id != mine.info.run_id]
