@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
-from lightning_modules import costs, precision, tracking
+from lightning_modules import costs, mlflow_ui, precision, tracking
 from lightning_modules.attention import AttentionConfig, resolve_attention
 from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.language_model import Budget, LanguageModel
@@ -74,6 +74,10 @@ class MLflowConfigCallback(SaveConfigCallback):
             path = Path(tmp) / ("config.yaml" if not resumed else f"config-{stage}-{int(time.time())}.yaml")
             path.write_text(self.parser.dump(self.config, skip_none=False))
             client.log_artifact(run_id, str(path))
+        mlflow_ui.mark_model_training(client, logger.experiment_id)
+        data_dir = getattr(trainer.datamodule, "data_dir", None)
+        if data_dir is not None:
+            mlflow_ui.log_dataset(client, run_id, data_dir, stage)
         callback = trainer.checkpoint_callback
         if stage == "fit" and callback is not None and callback.dirpath:
             client.set_tag(run_id, "checkpoint_dir", str(Path(callback.dirpath).resolve()))
