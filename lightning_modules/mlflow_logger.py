@@ -35,7 +35,11 @@ _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 REPLAY_COMMAND = "python -m lightning_modules.tracking_replay"
 
 
-class TrackingRunNotFoundError(RuntimeError):
+class TrackingError(RuntimeError):
+    """The tracking store cannot hold this run as configured; the message says what to change."""
+
+
+class TrackingRunNotFoundError(TrackingError):
     """The run to continue is not in this tracking store."""
 
 
@@ -126,15 +130,22 @@ class BufferedMLFlowLogger(MLFlowLogger):
 
     def _find_or_create_experiment(self, client: MlflowClient) -> str:
         found = client.get_experiment_by_name(self._experiment_name)
-        if found is not None and found.lifecycle_stage != "deleted":
-            return found.experiment_id
-        try:
-            return client.create_experiment(self._experiment_name, artifact_location=self._artifact_location)
-        except MlflowException as e:  # created by another process between the two calls
-            found = client.get_experiment_by_name(self._experiment_name)
-            if e.error_code != "RESOURCE_ALREADY_EXISTS" or found is None:
-                raise
-            return found.experiment_id
+        if found is None:
+            try:
+                return client.create_experiment(
+                    self._experiment_name, artifact_location=self._artifact_location
+                )
+            except MlflowException as e:  # created by another process between the two calls
+                found = client.get_experiment_by_name(self._experiment_name)
+                if e.error_code != "RESOURCE_ALREADY_EXISTS" or found is None:
+                    raise
+        if found.lifecycle_stage == "deleted":
+            raise TrackingError(
+                f"MLflow experiment {self._experiment_name!r} is deleted in the tracking store "
+                f"{self._tracking_uri}; restore it (mlflow experiments restore --experiment-id "
+                f"{found.experiment_id}) or set --trainer.logger.init_args.experiment_name"
+            )
+        return found.experiment_id
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
