@@ -3,6 +3,8 @@
 - the data manifest's vocabulary size is written into model.arch.vocab_size, and a model.arch.seq_len that
   differs from the manifest's is an error (shards are packed at one length);
 - seed_everything also seeds the data order;
+- trainer.precision, when not set, is chosen by the hardware (lightning_modules/precision.py), printed once
+  and tagged on the MLflow run;
 - the MLflow logger gets the store (./mlruns SQLite or MLFLOW_TRACKING_URI), the run name
   `{size}-{label}-seed{seed}` and its tags; the store is checked before the first step;
 - checkpoints go to checkpoints/<run name>-<time>-<random suffix> unless a dirpath is given (runs started in
@@ -22,15 +24,16 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from lightning.fabric.utilities.load import _METADATA_FILENAME
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
-from lightning_modules import costs, tracking
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules import costs, precision, tracking
+from lightning_modules.attention import AttentionConfig, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.language_model import Budget, LanguageModel
+from lightning_modules.lightning_api import METADATA_FILENAME
 from lightning_modules.optim.setup import OptimizerConfig
 
 
@@ -46,7 +49,7 @@ def _checkpoint_run_id(path: Path) -> str | None:
     """The MLflow run that wrote a checkpoint: a single file, or a sharded FSDP directory whose non-tensor
     state sits in its metadata file."""
     if path.is_dir():
-        path = path / _METADATA_FILENAME
+        path = path / METADATA_FILENAME
     if not path.is_file():
         return None
     return torch.load(path, map_location="cpu", mmap=path.stat().st_size > 0, weights_only=False).get(
@@ -110,8 +113,21 @@ class LanguageModelCLI(LightningCLI):
         except ConfigError as e:
             self.parser.error(str(e))
         name = tracking.run_name(arch, attention, cfg.seed_everything)
+        self._choose_precision(cfg)
         self._configure_checkpoints(cfg, name)
         self._configure_logger(cfg, arch, attention, name)
+
+    def _choose_precision(self, cfg: Namespace) -> None:
+        hardware = precision.detect(cfg.trainer.get("accelerator"))
+        choice = precision.choose(cfg.trainer.get("precision"), hardware)
+        cfg.trainer.precision = choice.precision
+        self._precision_tags = {
+            "precision": choice.precision,
+            "precision_source": choice.source,
+            "hardware": hardware.capability,
+            "hardware_name": hardware.name,
+        }
+        rank_zero_info(precision.describe(choice))
 
     def _link_manifest(self, cfg: Namespace) -> None:
         manifest_path = Path(cfg.data.data_dir) / "manifest.json"
@@ -145,7 +161,7 @@ class LanguageModelCLI(LightningCLI):
             tags = tracking.run_tags(
                 arch, attention, cfg.seed_everything, _budget_label(cfg.model.get("budget"))
             )
-            args.tags = {**tags, **(args.get("tags") or {})}
+            args.tags = {**tags, **self._precision_tags, **(args.get("tags") or {})}
             ckpt_path = cfg.get("ckpt_path")
             if ckpt_path and not args.get("run_id"):
                 args.run_id = _checkpoint_run_id(Path(ckpt_path))
