@@ -49,6 +49,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
     pending_dir: where calls still held at the end are saved (the CLI sets the checkpoint folder).
     flush_timeout: seconds the end of the run keeps retrying held calls before saving them.
     max_pending: held calls kept in memory; older ones go to the pending file.
+    max_retry_interval: the longest wait, in seconds, between two tries while the store is away.
     missing_run: what to do when `run_id` is not in the store: "error", or "new_run" (tagged
       resumed_from_run=<run_id>).
     """
@@ -68,10 +69,11 @@ class BufferedMLFlowLogger(MLFlowLogger):
         pending_dir: str | None = None,
         flush_timeout: float = 30.0,
         max_pending: int = 10_000,
+        max_retry_interval: float = 60.0,
         missing_run: Literal["error", "new_run"] = "error",
     ) -> None:
         uri = tracking_uri or tracking.tracking_uri()
-        tracking.fail_fast_http()
+        tracking.fail_fast_http()  # before the first request: the store is opened right here
         with tracking.store_lock(uri):  # MlflowClient opens (and on first use migrates) the store
             super().__init__(
                 experiment_name=experiment_name,
@@ -88,6 +90,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self.pending_dir = pending_dir
         self._flush_timeout = flush_timeout
         self._max_pending = max_pending
+        self._max_retry_interval = max_retry_interval
         self._missing_run = missing_run
 
     @property
@@ -99,7 +102,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
                 MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]  # opens or creates the run
             pending = Path(self.pending_dir or "mlflow-pending") / f"mlflow-pending-{self._run_id}.jsonl"
             self._mlflow_client = BufferedClient(  # type: ignore[assignment]
-                self._mlflow_client, self._tracking_uri, pending, self._max_pending
+                self._mlflow_client, self._tracking_uri, pending, self._max_pending, self._max_retry_interval
             )
         return self._mlflow_client
 

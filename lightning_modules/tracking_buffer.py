@@ -2,7 +2,7 @@
 
 Every write (metrics, parameters, tags, artifacts, the run's end) becomes an op, a JSON-able dict. While the
 store answers, an op is sent at once. Once a send fails, that op and every later one wait in a FIFO queue and
-training carries on; the queue is retried at the next write after a backoff (1 s doubling to 60 s), and sent
+training carries on; the queue is retried at the next write after a backoff (1 s, doubling up to 60 s), and sent
 in order once the store answers. Memory is bounded: past `max_pending` ops the oldest move to the pending file
 (JSON lines), which is sent first when the store returns. What cannot be sent by the end of the run stays in
 that file; `python -m lightning_modules.tracking_replay FILE` sends it (lightning_modules/tracking_replay.py).
@@ -25,6 +25,8 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+
+from lightning_modules import tracking
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +147,24 @@ class BufferedClient:
     """
 
     def __init__(
-        self, client: MlflowClient, tracking_uri: str, pending_file: Path, max_pending: int = 10_000
+        self,
+        client: MlflowClient,
+        tracking_uri: str,
+        pending_file: Path,
+        max_pending: int = 10_000,
+        max_retry_interval: float = MAX_RETRY_S,
     ) -> None:
+        tracking.fail_fast_http()
         self._client = client
         self.tracking_uri = tracking_uri
         self.pending_file = pending_file.absolute()
         self._max_pending = max_pending
         self._queue: deque[dict[str, Any]] = deque()
         self._file_ops = len(read_pending(self.pending_file)[1]) if self.pending_file.exists() else 0
+        self._max_retry = max_retry_interval
         self._retry_at = 0.0
-        self._backoff = FIRST_RETRY_S
+        self._backoff = min(FIRST_RETRY_S, max_retry_interval)
+        self._outage = False
         self._artifacts = 0
         self.last_error: str | None = None
 
@@ -249,14 +259,15 @@ class BufferedClient:
 
     def _failed(self, error: BaseException) -> None:
         self.last_error = _one_line(error)
-        if self._backoff == FIRST_RETRY_S:  # one line when an outage starts, not one per step
+        if not self._outage:  # one line when an outage starts, not one per step
+            self._outage = True
             log.warning(
                 "MLflow store %s is not answering (%s); log calls are held and retried, training goes on",
                 self.tracking_uri,
                 self.last_error,
             )
         self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, MAX_RETRY_S)
+        self._backoff = min(self._backoff * 2, self._max_retry)
 
     def flush(self) -> bool:
         """Send everything held, oldest first (the file, then memory). True when nothing is left."""
@@ -272,9 +283,10 @@ class BufferedClient:
         except Exception as e:
             self._failed(e)
             return False
-        if held and self._backoff > FIRST_RETRY_S:
+        if self._outage:
             log.warning("MLflow store %s answers again; %d held log calls sent", self.tracking_uri, held)
-        self._backoff, self._retry_at = FIRST_RETRY_S, 0.0
+        self._outage, self._retry_at = False, 0.0
+        self._backoff = min(FIRST_RETRY_S, self._max_retry)
         return True
 
     def _flush_file(self) -> None:

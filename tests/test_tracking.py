@@ -80,7 +80,9 @@ def test_server_killed_mid_fit_and_restarted_loses_no_step(
         ),
     )
     with caplog.at_level(logging.WARNING, logger="lightning_modules.tracking_buffer"):
+        # Retries at least every 0.2 s, so the first write after the restart (which takes seconds) sends.
         cli = main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "12", *NO_VAL,
+                        "--trainer.logger.init_args.max_retry_interval", "0.2",
                         *at(3, "kill"), *at(6, "restart"), *at(9, "look")))  # fmt: skip
     assert cli.trainer.global_step == 12
     client = MlflowClient(mlflow_server.uri)
