@@ -55,4 +55,5 @@ decode-bench: $(STAMP)
 	$(PY) benchmarks/decode.py --size nano
 
 mlflow-ui: $(STAMP)
+	@$(VENV)/bin/python -m lightning_modules.mlflow_ui
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db

@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from lightning_modules import tracking
 from lightning_modules.tracking_buffer import BufferedClient
+from lightning_modules.user_errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 REPLAY_COMMAND = "python -m lightning_modules.tracking_replay"
 
 
-class TrackingError(RuntimeError):
-    """The tracking store cannot hold this run as configured; the message says what to change."""
+class TrackingError(UserError):
+    """The tracking store cannot hold this run as configured; the message says what to change (the entry
+    points print it as one line, lightning_modules/user_errors.py)."""
 
 
 class TrackingRunNotFoundError(TrackingError):
