@@ -7,14 +7,17 @@
   and tagged on the MLflow run;
 - the MLflow logger gets the store (./mlruns SQLite or MLFLOW_TRACKING_URI), the run name
   `{size}-{label}-seed{seed}` and its tags; the store is checked before the first step;
-- checkpoints go to checkpoints/<run name>-<time> unless a dirpath is given; a run resumed or evaluated
-  from a checkpoint continues the MLflow run that wrote it.
+- checkpoints go to checkpoints/<run name>-<time>-<random suffix> unless a dirpath is given (runs started in
+  the same second never share a folder); a run resumed or evaluated from a checkpoint continues the MLflow
+  run that wrote it; MLflow calls held through an outage are saved beside the checkpoints
+  (lightning_modules/mlflow_logger.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import sys
 import tempfile
 import time
@@ -156,8 +159,8 @@ class LanguageModelCLI(LightningCLI):
             self.parser.error(str(e))
         name = tracking.run_name(arch, attention, cfg.seed_everything)
         self._choose_precision(cfg)
-        self._configure_logger(cfg, arch, attention, name)
         self._configure_checkpoints(cfg, name)
+        self._configure_logger(cfg, arch, attention, name)
 
     def _choose_precision(self, cfg: Namespace) -> None:
         hardware = precision.detect(cfg.trainer.get("accelerator"))
@@ -209,9 +212,14 @@ class LanguageModelCLI(LightningCLI):
                 args.run_id = checkpoint.get("mlflow_run_id")
             if getattr(self, "_resume_applied", None):
                 args.tags["resume.applied"] = "; ".join(self._resume_applied)
+            if logger.class_path.endswith("BufferedMLFlowLogger") and not args.get("pending_dir"):
+                args.pending_dir = self._pending_dir(cfg)
             self._tracking_uri = args.tracking_uri
 
     def _configure_checkpoints(self, cfg: Namespace, name: str) -> None:
+        # One random suffix per run, so two runs started in the same second never share a folder; under
+        # several ranks ModelCheckpoint broadcasts rank 0's dirpath, so the ranks' own suffixes are unused.
+        folder = Path("checkpoints") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         for callback in cfg.trainer.get("callbacks") or []:
             args = _init_args(callback)
             if (
@@ -219,7 +227,17 @@ class LanguageModelCLI(LightningCLI):
                 and callback.class_path.endswith("ModelCheckpoint")
                 and not args.get("dirpath")
             ):
-                args.dirpath = str(Path("checkpoints") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+                args.dirpath = str(folder)
+
+    def _pending_dir(self, cfg: Namespace) -> str | None:
+        """Beside the checkpoints: this fit's folder, or the folder of the checkpoint being evaluated."""
+        if self.subcommand != "fit" and cfg.get("ckpt_path"):
+            return str(Path(cfg.ckpt_path).parent)
+        for callback in cfg.trainer.get("callbacks") or []:
+            args = _init_args(callback)
+            if args is not None and callback.class_path.endswith("ModelCheckpoint") and args.get("dirpath"):
+                return str(args.dirpath)
+        return None
 
     def _check_tracking(self) -> None:
         uri = getattr(self, "_tracking_uri", None)

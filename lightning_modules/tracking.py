@@ -6,8 +6,11 @@ Lightning's MLFlowLogger would default to it, so a URI is always passed). MLFLOW
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +39,43 @@ def local_artifact_location(uri: str) -> str | None:
     return None
 
 
-def check_reachable(uri: str) -> None:
-    """Fail fast, naming the URI, if the store cannot be opened or the server does not answer."""
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+def fail_fast_http() -> None:
+    """One attempt per request, at most 10 s: MLflow's default retries a refused connection for about two
+    minutes inside every call, which would stall training; lightning_modules/tracking_buffer.py does the
+    retrying instead, without blocking. A user's own setting wins."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock beside an SQLite store while it is opened or a run is created in it.
+
+    Opening a fresh store runs MLflow's schema migrations, and processes starting together race in them
+    (`duplicate column name: step`); creating the experiment races the same way. A server serialises its
+    own writes, so other URIs need no lock. flock is per host: on a network filesystem use a server.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check_reachable(uri: str) -> None:
+    """Fail fast, naming the URI, if the store cannot be opened or the server does not answer."""
+    fail_fast_http()
     from mlflow.tracking import MlflowClient
 
     try:
-        MlflowClient(uri).search_experiments(max_results=1)
+        with store_lock(uri):
+            MlflowClient(uri).search_experiments(max_results=1)
     except Exception as e:  # any failure means no run can be tracked: stop before training
         raise TrackingUnreachableError(
             f"MLflow tracking store {uri} is unreachable: {type(e).__name__}: {e}; start the server, or "

@@ -29,3 +29,23 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def _mlflow_server_process(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def mlflow_server(_mlflow_server_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A real `mlflow server` (SQLite backend, 127.0.0.1, a free port) shared by the session, running when
+    the test starts (a test may kill and restart it); runs in tmp_path with MLFLOW_TRACKING_URI set to it."""
+    _mlflow_server_process.ensure_running()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_server_process.uri)
+    return _mlflow_server_process

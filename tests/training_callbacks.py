@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -29,3 +30,18 @@ class PoisonAtStep(L.Callback):
         if trainer.global_step == self.step:
             with torch.no_grad():
                 pl_module.model.head.weight.fill_(float("nan"))
+
+
+# What AtStep calls, by name: a test puts its own functions here (stop a server, look into a run...).
+ACTIONS: dict[str, Callable[[L.Trainer], None]] = {}
+
+
+class AtStep(L.Callback):
+    """Call ACTIONS[action](trainer) once, when `step` optimizer steps are done."""
+
+    def __init__(self, step: int, action: str) -> None:
+        self.step, self.action = step, action
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            ACTIONS[self.action](trainer)
