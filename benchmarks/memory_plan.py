@@ -175,7 +175,9 @@ def line(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", default="nano")
     parser.add_argument("--attention", default="mha")
     parser.add_argument("--strategy", choices=["single", "fsdp"], default="single")
@@ -190,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.all:
         print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch", torch.__version__)
-        print("| size | attention | strategy | batch | precision | AC | measured MiB | plan MiB | plan / measured | plan's peak at |")
+        print(
+            "| size | attention | strategy | batch | precision | AC | measured MiB | plan MiB | plan / measured | plan's peak at |"
+        )
         print("|" + "---|" * 10)
         for row_args in ALL:
             print(line(run_row(row_args)), flush=True)

@@ -69,7 +69,9 @@ class Setup:
             ("optimizer", OPTIMIZERS),
         ):
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"memory plan: {name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}")
+                raise ConfigError(
+                    f"memory plan: {name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}"
+                )
         if self.world < 1 or self.micro_batch < 1 or self.nodes < 1:
             raise ConfigError("memory plan: world, nodes and micro_batch must be >= 1")
         if self.strategy == "single" and self.world != 1:
@@ -146,7 +148,19 @@ class Activations:
     block_input: int  # one block's input (what a checkpointed block keeps)
 
 
+_TRACED: dict[tuple[str, str, int, str, bool], Activations] = {}
+
+
 def activations(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Activations:
+    """activations_traced, once per model, attention, micro-batch, precision and sharding (a table of
+    plans asks for the same traces many times)."""
+    key = (repr(model), repr(attention), setup.micro_batch, setup.precision, setup.sharded)
+    if key not in _TRACED:
+        _TRACED[key] = activations_traced(model, attention, setup)
+    return _TRACED[key]
+
+
+def activations_traced(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Activations:
     """Saved-for-backward bytes of one block and of the rest, at (micro_batch, seq_len), traced without
     allocating. Under FSDP with bf16-mixed the blocks and the root compute with bf16 weights (no autocast
     copies of the weights are saved); on one device autocast saves a bf16 copy of every weight it casts."""
@@ -217,7 +231,8 @@ def plan(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Memory
     step = _step_transient(net, groups, setup)
     transients = {
         "head backward (loss and log-softmax gradients)": head_backward,
-        "block backward" + (" (recomputed activations)" if setup.activation_checkpointing else ""): block_backward,
+        "block backward"
+        + (" (recomputed activations)" if setup.activation_checkpointing else ""): block_backward,
         "FSDP gathered weights (head, 2 blocks, all-gather buffer)": gathered,
         "optimiser step (" + ("gathered Muon matrix" if setup.sharded else "Muon matrix") + ")": step,
     }

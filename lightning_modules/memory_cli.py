@@ -51,7 +51,9 @@ def fits_table() -> list[dict[str, Any]]:
             device_gib = device_gb * 1e9 / 2**30
             chosen: dict[str, Any] = {"size": size, "device_gb": device_gb, "fits": False}
             for strategy, ac, mb in candidates:
-                setup = memory.Setup(strategy=strategy, world=GPUS, micro_batch=mb, activation_checkpointing=ac)
+                setup = memory.Setup(
+                    strategy=strategy, world=GPUS, micro_batch=mb, activation_checkpointing=ac
+                )
                 plans = [memory.plan(m, a, setup) for m, a in configs]
                 worst = max(plans, key=lambda p: p.peak)
                 if memory.fits(worst, device_gib):
@@ -66,7 +68,7 @@ def fits_table() -> list[dict[str, Any]]:
 
 def format_fits(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"| size | GPU | strategy | micro-batch x accumulation | activation checkpointing | peak per GPU (worst attention) |",
+        "| size | GPU | strategy | micro-batch x accumulation | activation checkpointing | peak per GPU (worst attention) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -85,24 +87,33 @@ def main(config: list[str], argv: list[str], as_json: bool) -> int:
     parser = argparse.ArgumentParser(prog="python -m lightning_modules.costs --memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--size", default="128m", help="a conf/model fragment (ignored with --config)")
-    parser.add_argument("--attention", default="mha", help="a conf/attention fragment (ignored with --config)")
+    parser.add_argument(
+        "--attention", default="mha", help="a conf/attention fragment (ignored with --config)"
+    )
     parser.add_argument("--strategy", choices=memory.STRATEGIES, default="single")
     parser.add_argument("--world", type=int, default=1, help="ranks in all")
     parser.add_argument("--nodes", type=int, default=1, help="nodes (hybrid sharding shards within a node)")
-    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per rank (default: recipe's)")
+    parser.add_argument(
+        "--micro-batch", type=int, default=None, help="sequences per rank (default: recipe's)"
+    )
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--precision", choices=memory.PRECISIONS, default="bf16-mixed")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--optimizer", choices=memory.OPTIMIZERS, default="muon")
     parser.add_argument("--keep-gathered", action="store_true", help="reshard_after_forward false (FSDP)")
-    parser.add_argument("--fits", action="store_true", help="which paper runs fit on 8 x 80 GB and 8 x 141 GB")
+    parser.add_argument(
+        "--fits", action="store_true", help="which paper runs fit on 8 x 80 GB and 8 x 141 GB"
+    )
     args = parser.parse_args(argv)
     try:
         if args.fits:
             rows = fits_table()
             print(json.dumps(rows, indent=1) if as_json else format_fits(rows))
             return 0
-        fragments = config or [costs.fragment("model", args.size), costs.fragment("attention", args.attention)]
+        fragments = config or [
+            costs.fragment("model", args.size),
+            costs.fragment("attention", args.attention),
+        ]
         model, attention = costs.load_configs(fragments)
         if args.seq_len:
             import dataclasses
@@ -122,5 +133,9 @@ def main(config: list[str], argv: list[str], as_json: bool) -> int:
     except (ConfigError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result.as_dict(), indent=1) if as_json else memory.format_plan(model, attention, setup, result))
+    print(
+        json.dumps(result.as_dict(), indent=1)
+        if as_json
+        else memory.format_plan(model, attention, setup, result)
+    )
     return 0

@@ -41,7 +41,9 @@ def test_state_terms_follow_the_parameters() -> None:
     assert adamw.optimizer == 2 * 4 * n
     assert 4 * n < single.optimizer < 2 * 4 * n
     # FSDP over 4 ranks: a quarter of every parameter (rows padded up), activations unsharded
-    fsdp = memory.plan(model, attn("lrkv"), memory.Setup(strategy="fsdp", world=4, micro_batch=2, precision="32-true"))
+    fsdp = memory.plan(
+        model, attn("lrkv"), memory.Setup(strategy="fsdp", world=4, micro_batch=2, precision="32-true")
+    )
     assert 4 * n / 4 <= fsdp.parameters < 4 * n / 4 * 1.05
     assert fsdp.activations == single.activations
     assert fsdp.terms["gathered"] > 0 and single.terms["gathered"] == 0
@@ -51,7 +53,9 @@ def test_activations_scale_with_the_batch_and_checkpointing_keeps_block_inputs()
     model = tiny_model(n_layer=4)
 
     def saved(batch: int, precision: str) -> int:
-        return memory.plan(model, attn("mha"), memory.Setup(micro_batch=batch, precision=precision)).activations
+        return memory.plan(
+            model, attn("mha"), memory.Setup(micro_batch=batch, precision=precision)
+        ).activations
 
     for precision in ("32-true", "bf16-mixed"):  # affine in the batch: per-sequence tensors + a constant
         step = saved(2, precision) - saved(1, precision)
@@ -60,7 +64,7 @@ def test_activations_scale_with_the_batch_and_checkpointing_keeps_block_inputs()
     weight_copies = 2 * saved(1, "bf16-mixed") - saved(2, "bf16-mixed")
     counts = costs.param_counts(model, attn("mha"))
     head = counts.embedding // 2
-    assert 2 * 0.95 * counts.non_embedding <= weight_copies <= 2 * (counts.non_embedding + head)
+    assert 2 * 0.95 * counts.non_embedding <= weight_copies <= 2 * 1.1 * (counts.non_embedding + head)
     four = memory.plan(model, attn("mha"), memory.Setup(micro_batch=4))
     ac = memory.plan(model, attn("mha"), memory.Setup(micro_batch=4, activation_checkpointing=True))
     per_block_input = 4 * model.seq_len * model.d_model * 4
@@ -89,6 +93,7 @@ def test_cli_prints_every_term(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no conf/model/nope.yaml" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 40 plans
 def test_fits_table_prefers_the_least_machinery() -> None:
     rows = {(r["size"], r["device_gb"]): r for r in fits_table()}
     assert set(rows) == {(s, g) for s in costs.PAPER_SIZES for g in (80, 141)}
@@ -97,12 +102,18 @@ def test_fits_table_prefers_the_least_machinery() -> None:
             micro, accumulation = (16, 1) if r["size"] == "128m" else (8, 2)
             assert r["micro_batch"] * r["accumulation"] == micro * accumulation
             assert r["peak_gib"] <= 0.9 * r["device_gb"] * 1e9 / 2**30
-    # more memory never needs more machinery
+    # more memory never needs more machinery: the 141 GB choice comes no later in the order of preference
     order = [("ddp", False), ("fsdp", False), ("fsdp", True)]
+
+    def rank(r: dict) -> tuple[int, int]:
+        return -r["micro_batch"], order.index((r["strategy"], r["activation_checkpointing"]))
+
     for size in costs.PAPER_SIZES:
         small, big = rows[(size, 80)], rows[(size, 141)]
+        assert big["fits"] or not small["fits"]
         if small["fits"]:
-            assert big["micro_batch"] >= small["micro_batch"]
+            assert rank(big) <= rank(small)
+    assert rows[("128m", 80)]["strategy"] == "ddp" and rows[("6.3b", 80)]["activation_checkpointing"]
 
 
 MEASURED = [
