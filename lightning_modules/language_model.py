@@ -71,13 +71,16 @@ class LanguageModel(L.LightningModule):
         optimizer: OptimizerConfig | None = None,
         budget: Budget | None = None,
         parallel: ParallelConfig | None = None,
+        compile: bool = False,
     ) -> None:
+        """compile: torch.compile each decoder block (lightning_modules/compile.py)."""
         super().__init__()
         self.arch: ModelConfig = _as(ModelConfig, arch)
         self.attention: AttentionConfig = resolve_attention(self.arch, _as(AttentionConfig, attention))
         self.optim_config: OptimizerConfig = _as(OptimizerConfig, optimizer) or OptimizerConfig()
         self.budget: Budget = _as(Budget, budget) or Budget()
         self.parallel: ParallelConfig = _as(ParallelConfig, parallel) or ParallelConfig()
+        self.compile_blocks = compile
         # logger=False: the CLI logs the whole merged config once (mlflow_config.py), not this subset.
         self.save_hyperparameters(logger=False)
         self.model = Transformer(self.arch, self.attention)
@@ -139,10 +142,11 @@ class LanguageModel(L.LightningModule):
                     f"{', '.join(unused)}: only a sharded strategy uses this; compose conf/strategy/fsdp.yaml "
                     "or conf/strategy/hybrid-fsdp.yaml"
                 )
-            parallelize(self.model, self.parallel, None, None)
+            parallelize(self.model, self.parallel, None, None, compile=self.compile_blocks)
         else:
             mesh = data_parallel_mesh(self.device_mesh, self.parallel.sharding, self.trainer.num_nodes)
-            parallelize(self.model, self.parallel, mesh, param_dtype_for(str(self.trainer.precision)))
+            precision = param_dtype_for(str(self.trainer.precision))
+            parallelize(self.model, self.parallel, mesh, precision, compile=self.compile_blocks)
         self._parallelized = True
 
     def on_train_start(self) -> None:

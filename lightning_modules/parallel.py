@@ -25,6 +25,7 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from lightning_modules.compile import compile_blocks
 from lightning_modules.config import ConfigError
 from lightning_modules.transformer import Transformer
 
@@ -99,9 +100,14 @@ def param_dtype_for(precision: str) -> torch.dtype | None:
 
 
 def parallelize(
-    model: Transformer, config: ParallelConfig, mesh: DeviceMesh | None, param_dtype: torch.dtype | None
+    model: Transformer,
+    config: ParallelConfig,
+    mesh: DeviceMesh | None,
+    param_dtype: torch.dtype | None,
+    compile: bool = False,
 ) -> None:
-    """Apply activation checkpointing (if set) and, given a mesh, FSDP2, in place and at most once.
+    """Apply activation checkpointing (if set), torch.compile per block (if `compile`; compile.py) and,
+    given a mesh, FSDP2, in place, in that order and at most once.
 
     Parameters stay where they are (same names, so checkpoints do not depend on the strategy); under FSDP
     they become DTensors sharded on dim 0 (Shard(0), or (Replicate(), Shard(0)) on a hybrid mesh).
@@ -114,6 +120,8 @@ def parallelize(
         for block in model.blocks:
             checkpoint(block)
         model._activation_checkpointing = True  # type: ignore[assignment]
+    if compile:
+        compile_blocks(model.blocks)
     if mesh is None:
         return
     reduce_dtype = getattr(torch, config.reduce_dtype)
