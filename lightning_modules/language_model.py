@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightning_modules import costs
+from lightning_modules import costs, meta_init
 from lightning_modules.attention import kernel
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
@@ -83,7 +83,10 @@ class LanguageModel(L.LightningModule):
         self.compile_blocks = compile
         # logger=False: the CLI logs the whole merged config once (mlflow_config.py), not this subset.
         self.save_hyperparameters(logger=False)
-        self.model = Transformer(self.arch, self.attention)
+        if self.parallel.meta_init:  # shapes only; configure_model shards, then materialises (meta_init.py)
+            self.model = meta_init.build_on_meta(self.arch, self.attention)
+        else:
+            self.model = Transformer(self.arch, self.attention)
         self.tokens_seen = 0
         self._flops_per_token: dict[int, float] = {}
         self.flops_seen = 0.0
@@ -147,6 +150,8 @@ class LanguageModel(L.LightningModule):
             mesh = data_parallel_mesh(self.device_mesh, self.parallel.sharding, self.trainer.num_nodes)
             precision = param_dtype_for(str(self.trainer.precision))
             parallelize(self.model, self.parallel, mesh, precision, compile=self.compile_blocks)
+        if meta_init.is_meta(self.model):
+            meta_init.materialize(self.model, self.trainer.strategy.root_device, torch.initial_seed())
         self._parallelized = True
 
     def on_train_start(self) -> None:

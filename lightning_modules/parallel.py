@@ -44,12 +44,15 @@ class ParallelConfig:
         backward (less memory); False keeps them from forward to backward (one all-gather fewer per block).
     activation_checkpointing: recompute each block's activations in backward instead of keeping them
         (any strategy, sharded or not).
+    meta_init: build the decoder on the meta device and let each rank initialise only its shards
+        (lightning_modules/meta_init.py; any strategy).
     """
 
     sharding: Literal["full", "hybrid"] = "full"
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False
+    meta_init: bool = False
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
