@@ -12,6 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from lightning_modules import meta_init
+from lightning_modules.transformer import Transformer
+from tests.helpers import attn, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -38,3 +43,38 @@ def test_meta_init_shards_a_large_model_within_the_memory_bound(tmp_path: Path) 
                 continue
             meta_std, whole_std = pair
             assert meta_std == pytest.approx(whole_std, rel=0.02), name
+
+
+def test_materialize_on_one_device_is_seeded_and_rebuilds_rope() -> None:
+    model, attention = tiny_model(), attn("lrkv")
+    nets = []
+    for seed in (3, 3, 4):
+        net = meta_init.build_on_meta(model, attention)
+        assert meta_init.is_meta(net)
+        meta_init.materialize(net, "cpu", seed)
+        nets.append(net)
+    same, other = nets[1], nets[2]
+    assert all(torch.equal(p, q) for p, q in zip(nets[0].parameters(), same.parameters(), strict=True))
+    assert not torch.equal(nets[0].blocks[0].mlp.fc.weight, other.blocks[0].mlp.fc.weight)
+    eager = Transformer(model, attention)
+    assert torch.equal(nets[0].rope.cos, eager.rope.cos) and torch.equal(nets[0].rope.sin, eager.rope.sin)
+    assert nets[0].embed.weight.std().item() == pytest.approx(model.init_std, rel=0.05)
+
+
+def test_meta_init_through_main_on_one_device(tiny_shards: Path, mlflow_uri: str) -> None:
+    """model.parallel.meta_init without sharding: the module starts on the meta device, configure_model
+    materialises and initialises it, and it trains."""
+    from main import main
+    from tests.test_training import args
+
+    extra = (
+        "--model.parallel.meta_init",
+        "true",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.enable_checkpointing",
+        "false",
+    )
+    cli = main(args("fit", tiny_shards, "lrkv", *extra))
+    assert cli.trainer.global_step == 2
+    assert not meta_init.is_meta(cli.model.model) and torch.isfinite(cli.trainer.logged_metrics["train/loss"])
