@@ -29,11 +29,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules import costs, precision
+from lightning_modules.attention import (
+    REGISTRY,
+    AttentionConfig,
+    GroupedQueryAttention,
+    names,
+    resolve,
+    resolve_attention,
+)
 from lightning_modules.compile import compile_blocks
-from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
+from lightning_modules.config import ModelConfig
 from lightning_modules.transformer import Transformer
-
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
 
 
 def litgpt_model(model: ModelConfig, n_kv_heads: int) -> nn.Module:
@@ -103,21 +109,19 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
     tokens = torch.randint(0, model.vocab_size, (args.batch_size, model.seq_len + 1))
     contenders: dict[str, Callable[[], None]] = {}
     configs: dict[str, AttentionConfig] = {}
-    for kind in args.kinds:
-        paths = ("factorized", "materialized") if kind == "lrkv" else (None,)
-        for path in paths:
-            attention = AttentionConfig(kind=kind, lrkv_path=path)
-            label = resolve_attention(model, attention).label() + (f" ({path})" if path else "")
+    for kind in args.kinds or names():
+        for suffix, path in REGISTRY[kind].train_paths().items():
+            attention = AttentionConfig(kind=kind, **path)  # type: ignore[arg-type]
+            cls, knobs = resolve(model, attention)[1:]
+            label = resolve_attention(model, attention).label() + suffix
             configs[label] = attention
             contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
             if args.compile:
                 compiled = Transformer(model, attention)
                 compile_blocks(compiled.blocks)
                 contenders[f"compiled:{label}"] = make_step(compiled, tokens, args.bf16)
-            if args.vs == "litgpt" and kind in ("mha", "gqa", "mqa"):
-                n_kv = {"mha": model.n_head, "mqa": 1, "gqa": resolve_attention(model, attention).n_kv_heads}[
-                    kind
-                ]
+            if args.vs == "litgpt" and issubclass(cls, GroupedQueryAttention):  # litgpt has K/V heads only
+                n_kv = cls.kv_heads(model, knobs)
                 contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
     seconds = measure(contenders, args.steps, args.repeats, args.warmup)
     tokens_per_run = args.batch_size * model.seq_len * args.steps
@@ -157,7 +161,7 @@ def main() -> None:
     parser.add_argument(
         "--vs", choices=["litgpt"], default=None, help="pair mha/gqa/mqa with a reference model"
     )
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--kinds", nargs="+", choices=names(), default=None, help="default: every attention")
     parser.add_argument(
         "--compile", action="store_true", help="also time each model with its blocks compiled"
     )

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 
 STRATEGIES = ("single", "ddp", "fsdp", "hybrid")
 PRECISIONS = ("32-true", "bf16-mixed")

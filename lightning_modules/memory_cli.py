@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from lightning_modules import costs, memory
-from lightning_modules.config import ConfigError
+from lightning_modules.attention import names
+from lightning_modules.config import CONF_DIR, ConfigError
 
 DEVICES_GB = (80, 141)  # H100 / A100 80 GB, H200 141 GB (decimal gigabytes, as sold)
 GPUS = 8
@@ -25,7 +26,7 @@ GPUS = 8
 
 def recipe_batch(size: str) -> tuple[int, int]:
     """(micro-batch, accumulation) of conf/recipe/<size>.yaml, or (1, 1) when there is none."""
-    path = costs.CONF_DIR / "recipe" / f"{size}.yaml"
+    path = CONF_DIR / "recipe" / f"{size}.yaml"
     if not path.exists():
         return 1, 1
     recipe = yaml.safe_load(path.read_text())
@@ -40,7 +41,7 @@ def fits_table() -> list[dict[str, Any]]:
     for size in costs.PAPER_SIZES:
         micro, accumulation = recipe_batch(size)
         configs = [costs.load_configs([costs.fragment("model", size), costs.fragment("attention", k)])
-                   for k in costs.ATTENTIONS]  # fmt: skip
+                   for k in names()]  # fmt: skip
         candidates = []
         mb = micro
         while mb >= 1:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.attention import AttentionConfig
+from lightning_modules.config import ModelConfig
 from lightning_modules.layers import RotaryEmbedding
 from lightning_modules.transformer import Transformer
 

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from lightning_modules import costs, meta_init
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.attention import AttentionConfig
+from lightning_modules.config import ModelConfig
 from lightning_modules.parallel import ParallelConfig, parallelize
 from lightning_modules.transformer import Transformer
 

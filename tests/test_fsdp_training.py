@@ -1,4 +1,4 @@
-"""FSDP2 through main() on CPU with gloo, two processes (DESIGN.md "Scale"): every attention fits, writes a
+"""FSDP2 through main() on CPU with gloo, two processes (docs/architecture.md, "Scale"): every attention fits, writes a
 sharded checkpoint, resumes from it exactly as an uninterrupted run continues, and tests from it; hybrid
 sharding runs across two torchrun "nodes" on this machine and trains the same model; a consolidated
 checkpoint serves generation and a single-process test.
@@ -182,21 +182,3 @@ def test_hybrid_fsdp_across_two_torchrun_nodes(
     # gradients themselves are compared tightly in tests/test_fsdp_muon.py.
     for step in range(1, STEPS):
         assert hybrid[step] == pytest.approx(full[step], rel=2e-4), step
-
-
-def test_fsdp_with_compile_and_checkpointing_resumes_exactly(
-    tiny_shards: Path, store: tuple[Path, str], fsdp_runs: Path
-) -> None:
-    """model.compile + activation checkpointing under FSDP2 (compile each block, then shard it): fit, sharded
-    checkpoint and exact resume as eager, and the losses of the eager FSDP run up to inductor's reordered
-    fp32 sums (amplified by Muon's bf16 Newton-Schulz)."""
-    work, uri = store
-    out = work / "compiled"
-    extra = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", "2", "--model.compile", "true",
-             "--model.parallel.activation_checkpointing", "true"]  # fmt: skip
-    launch([[sys.executable, *driver(tiny_shards, out, ("mha",)), *extra]], work, uri)
-    assert_resumed_exactly(out / "mha", uri)
-    compiled = losses(uri, results(out / "mha")[0]["run_ids"]["straight"])
-    eager = losses(uri, results(fsdp_runs / "mha")[0]["run_ids"]["straight"])
-    for step in range(STEPS):
-        assert compiled[step] == pytest.approx(eager[step], rel=1e-3), step
