@@ -72,8 +72,6 @@ def test_meta_init_through_main_on_one_device(tiny_shards: Path, mlflow_uri: str
         "true",
         "--trainer.max_steps",
         "2",
-        "--trainer.enable_checkpointing",
-        "false",
     )
     cli = main(args("fit", tiny_shards, "lrkv", *extra))
     assert cli.trainer.global_step == 2
