@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= artifacts/shakespeare
 
-.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks decode-bench
+.PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks decode-bench study
 
 setup: $(STAMP)
 
@@ -29,6 +29,14 @@ SEEDS ?= 1 2 3
 SIZES ?= nano 20m
 sweep: data
 	$(PY) -m lightning_modules.compare --sizes $(SIZES) --seeds $(SEEDS)
+
+# A study protocol (conf/study/$(PROTOCOL).yaml): the runs not done yet (stop and rerun at any time: finished
+# runs are skipped, interrupted ones resume), then its tables and figures in results/$(PROTOCOL)/.
+PROTOCOL ?= cpu
+WORKERS ?= 2
+study: data
+	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
+	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -55,4 +63,5 @@ decode-bench: $(STAMP)
 	$(PY) benchmarks/decode.py --size nano
 
 mlflow-ui: $(STAMP)
+	@$(VENV)/bin/python -m lightning_modules.mlflow_ui
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db

@@ -5,8 +5,11 @@ See README.md for the configs and lightning_modules/cli.py for what the CLI adds
 
 from __future__ import annotations
 
+import sys
+
 from lightning_modules.cli import LanguageModelCLI
 from lightning_modules.cli import main as _main
+from lightning_modules.user_errors import run_entry
 
 
 def main(args: list[str] | None = None) -> LanguageModelCLI:
@@ -14,4 +17,4 @@ def main(args: list[str] | None = None) -> LanguageModelCLI:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry(lambda: main() and 0, "main.py"))

@@ -24,7 +24,8 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from data.errors import DataError, PrepareError
+from data.atomic import atomic_dataset
+from data.errors import PrepareError
 from data.manifest import SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab, samples_for_stream
 from data.parallel_options import DistributedOptions, add_arguments, options_from
 from data.shards import shard_name, write_shard
@@ -37,6 +38,8 @@ from data.sources import (
     shakespeare_files,
 )
 from data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, eot_id, for_encoding, load_tokenizer, train_bpe
+from data.verify import check_tokenizer, verify
+from lightning_modules.user_errors import run_entry
 
 DEFAULT_VOCAB = 4096
 ENCODE_BATCH_BYTES = 1 << 20  # encode_batch runs documents in parallel; ~1 MB batches keep all cores busy
@@ -57,6 +60,7 @@ class PrepareConfig:
     text_field: str = "text"
     text_column: str = "text"
     errors: str = "strict"
+    force: bool = False  # build into an --out that holds files no previous manifest lists (they are kept)
     txt_doc_chars: int | None = None  # default: SHAKESPEARE_DOC_CHARS for shakespeare, 0 (file = doc) else
     progress: bool = True
     parallel: DistributedOptions | None = None  # --tasks: run on datatrove (data/distributed_prepare.py)
@@ -116,6 +120,8 @@ Document = tuple[str, bytes, str]  # text, its UTF-8 bytes, its split
 
 
 def prepare(cfg: PrepareConfig) -> Manifest:
+    """Build the dataset in a folder beside --out, verify it, then swap it in (data/atomic.py): a failure at
+    any point leaves a previous dataset in --out as it was."""
     _check_options(cfg)
     if cfg.source == "shakespeare":
         files, doc_chars = shakespeare_files(), SHAKESPEARE_DOC_CHARS
@@ -124,9 +130,15 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     if cfg.txt_doc_chars is not None:
         doc_chars = cfg.txt_doc_chars
     options = SourceOptions(cfg.text_field, cfg.text_column, cfg.errors, doc_chars)
-    out = Path(cfg.out)
-    _clear_outputs(out)
+    with atomic_dataset(Path(cfg.out), cfg.force) as build:  # permissions checked before any work
+        manifest = _build(cfg, files, options, doc_chars, build)
+        _verify_built(build, manifest)
+    return manifest
 
+
+def _build(
+    cfg: PrepareConfig, files: Sequence[Path], options: SourceOptions, doc_chars: int, out: Path
+) -> Manifest:
     def documents(stats: SourceStats) -> Iterator[Document]:
         for text in iter_documents(files, options, stats):
             raw = text.encode("utf-8")
@@ -169,9 +181,20 @@ def prepare(cfg: PrepareConfig) -> Manifest:
             "txt_doc_chars": doc_chars,
         },
     )
-    manifest.check_consistent(str(out))
+    manifest.check_consistent(str(cfg.out))
     manifest.save(out)
     return manifest
+
+
+def _verify_built(build: Path, manifest: Manifest) -> None:
+    """What was written reads back as the manifest says (checksums, sample counts, tokenizer) before it
+    replaces anything."""
+    Manifest.load(build)
+    problems = [str(p) for p in verify(build, manifest, full=False)]
+    if (problem := check_tokenizer(build, manifest)) is not None:
+        problems.append(problem)
+    if problems:
+        raise PrepareError("the new shards do not verify, nothing replaced: " + "; ".join(problems[:3]))
 
 
 def _tokenizer(
@@ -247,17 +270,6 @@ def _check_options(cfg: PrepareConfig) -> None:
         raise PrepareError(f"--errors {cfg.errors!r}: use 'strict' or 'replace'")
 
 
-def _clear_outputs(out: Path) -> None:
-    """Remove what an earlier run wrote, manifest first, so a crash never leaves stale shards listed."""
-    if out.exists() and not out.is_dir():
-        raise PrepareError(f"{out}: --out exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)
-    for split in SPLITS:
-        for old in out.glob(f"{split}-*.tar*"):
-            old.unlink()
-
-
 def _check_nonempty(stats: SourceStats, files: Sequence[Path]) -> None:
     if stats.documents == 0:
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
@@ -313,6 +325,11 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         type=int,
         help="split .txt files at blank lines into ~N-char documents (default: 0, one document per file; 8192 for shakespeare)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="build into an --out that holds other files (they are kept; only a previous dataset's files are replaced)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_arguments(p)
     a = p.parse_args(argv)
@@ -331,6 +348,7 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         text_column=a.text_column,
         errors=a.errors,
         txt_doc_chars=a.txt_doc_chars,
+        force=a.force,
         progress=not a.no_progress,
         parallel=options_from(p, a),
     )
@@ -338,16 +356,16 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
-    if cfg.parallel is not None:
+    if cfg.parallel is not None:  # the datatrove path (data/distributed_prepare.py)
         from data.distributed_prepare import main as distributed_main
 
         return distributed_main(cfg, cfg.parallel)
+    return run_entry(lambda: _run(cfg), "data.prepare", code=1)
+
+
+def _run(cfg: PrepareConfig) -> int:
     start = time.perf_counter()
-    try:
-        manifest = prepare(cfg)
-    except DataError as exc:
-        print(f"data.prepare: error: {exc}", file=sys.stderr)
-        return 1
+    manifest = prepare(cfg)
     seconds = time.perf_counter() - start
     text = sum(s.text_bytes for s in manifest.splits.values())
     print(f"wrote {cfg.out}: vocab {manifest.vocab_size} ({manifest.dtype}), seq_len {manifest.seq_len}")

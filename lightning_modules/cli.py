@@ -13,25 +13,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
-from lightning_modules import costs, precision, tracking
+from lightning_modules import costs, mlflow_ui, precision, tracking
 from lightning_modules.attention import AttentionConfig, resolve_attention
+from lightning_modules.checkpoint_file import is_special, read_checkpoint
 from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.language_model import Budget, LanguageModel
-from lightning_modules.lightning_api import METADATA_FILENAME
 from lightning_modules.optim.setup import OptimizerConfig
+from lightning_modules.parallel import ParallelConfig
+from lightning_modules.resume_policy import reconcile
+from lightning_modules.user_errors import UserError
 
 
 def _budget_label(budget: Namespace | None) -> str:
@@ -42,16 +47,31 @@ def _init_args(component: Any) -> Namespace | None:
     return component.get("init_args") if isinstance(component, Namespace) else None
 
 
-def _checkpoint_run_id(path: Path) -> str | None:
-    """The MLflow run that wrote a checkpoint: a single file, or a sharded FSDP directory whose non-tensor
-    state sits in its metadata file."""
-    if path.is_dir():
-        path = path / METADATA_FILENAME
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location="cpu", mmap=path.stat().st_size > 0, weights_only=False).get(
-        "mlflow_run_id"
-    )
+def _model_defaults() -> dict[str, Any]:
+    """The model sections' dataclass defaults: a value equal to its default counts as not given on resume."""
+    classes = {"arch": ModelConfig, "attention": AttentionConfig, "optimizer": OptimizerConfig}
+    classes.update(budget=Budget, parallel=ParallelConfig)
+    return {key: dataclasses.asdict(cls()) for key, cls in classes.items()}
+
+
+def check_yaml_files(args: list[str]) -> None:
+    """A --config file with a YAML syntax error, named with its line (jsonargparse would say
+    `<unicode string>`)."""
+    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--config"]
+    paths += [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    for path in paths:
+        file = Path(path)
+        if not file.is_file():
+            continue  # jsonargparse names a missing file itself
+        try:
+            yaml.safe_load(file.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UserError(f"--config {file}: YAML syntax error{at}: {problem}; fix the file") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--config {file}: cannot be read ({exc})") from exc
 
 
 class MLflowConfigCallback(SaveConfigCallback):
@@ -74,6 +94,13 @@ class MLflowConfigCallback(SaveConfigCallback):
             path = Path(tmp) / ("config.yaml" if not resumed else f"config-{stage}-{int(time.time())}.yaml")
             path.write_text(self.parser.dump(self.config, skip_none=False))
             client.log_artifact(run_id, str(path))
+        for key, value in (logger.tags or {}).items():
+            if key.startswith("resume."):  # a continued run gets no creation tags: set these here
+                client.set_tag(run_id, key, value)
+        mlflow_ui.mark_model_training(client, logger.experiment_id)
+        data_dir = getattr(trainer.datamodule, "data_dir", None)
+        if data_dir is not None:
+            mlflow_ui.log_dataset(client, run_id, data_dir, stage)
         callback = trainer.checkpoint_callback
         if stage == "fit" and callback is not None and callback.dirpath:
             client.set_tag(run_id, "checkpoint_dir", str(Path(callback.dirpath).resolve()))
@@ -93,6 +120,24 @@ class LanguageModelCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("seed_everything", "data.seed")
+
+    def _parse_ckpt_path(self) -> None:
+        """Replaces LightningCLI's, which unpickled the checkpoint before any check and overwrote the given
+        model settings with the checkpoint's without a word: here the file is read safely (one-line errors)
+        and lightning_modules/resume_policy.py decides what is refused and what is applied."""
+        self._checkpoint: dict[str, Any] | None = None
+        self._resume_applied: list[str] = []
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path or is_special(path):
+            return
+        self._checkpoint = read_checkpoint(path)
+        saved = self._checkpoint.get("hyper_parameters") or {}
+        given = self.config[subcommand].model.as_dict()
+        merged, self._resume_applied = reconcile(given, _model_defaults(), saved, subcommand, str(path))
+        self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
+        if self._resume_applied and rank_zero_only.rank == 0:
+            print(f"resume: applied {'; '.join(self._resume_applied)}", file=sys.stderr)
 
     def _section(self) -> Namespace:
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -159,9 +204,11 @@ class LanguageModelCLI(LightningCLI):
                 arch, attention, cfg.seed_everything, _budget_label(cfg.model.get("budget"))
             )
             args.tags = {**tags, **self._precision_tags, **(args.get("tags") or {})}
-            ckpt_path = cfg.get("ckpt_path")
-            if ckpt_path and not args.get("run_id"):
-                args.run_id = _checkpoint_run_id(Path(ckpt_path))
+            checkpoint = getattr(self, "_checkpoint", None)
+            if checkpoint is not None and not args.get("run_id"):
+                args.run_id = checkpoint.get("mlflow_run_id")
+            if getattr(self, "_resume_applied", None):
+                args.tags["resume.applied"] = "; ".join(self._resume_applied)
             self._tracking_uri = args.tracking_uri
 
     def _configure_checkpoints(self, cfg: Namespace, name: str) -> None:
@@ -192,4 +239,5 @@ class LanguageModelCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True) -> LanguageModelCLI:
+    check_yaml_files(list(sys.argv[1:] if args is None else args))
     return LanguageModelCLI(args=args, run=run)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_modules import costs, tracking
+from lightning_modules import costs, mlflow_ui, tracking
 from lightning_modules.attention import names
 from lightning_modules.cli import main as cli_main
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_rows(rows))
     print(
         f"\nEvery run is in MLflow ({tracking.tracking_uri()}). Open the UI with `make mlflow-ui`, then "
-        "http://127.0.0.1:5000; draw the curves with `make notebooks`."
+        f"{mlflow_ui.ui_url(None)}; draw the curves with `make notebooks`."
     )
     return 0
 

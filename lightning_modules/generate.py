@@ -21,15 +21,17 @@ from tokenizers import Tokenizer
 
 from lightning_modules import precision
 from lightning_modules.attention import AttentionConfig
+from lightning_modules.checkpoint_file import read_checkpoint
 from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.generation import Sampling, check_lengths, generate
 from lightning_modules.transformer import Transformer
+from lightning_modules.user_errors import UserError, run_entry
 
 STATE_PREFIX = "model."  # the LightningModule holds the decoder as self.model
 COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper, when the run compiled the model
 
 
-class GenerateError(RuntimeError):
+class GenerateError(UserError, RuntimeError):
     """A checkpoint, manifest or tokenizer that cannot be used; the message names the file."""
 
 
@@ -47,11 +49,11 @@ def load_model(
     """The decoder of a Lightning checkpoint, in eval mode on `device`, and the checkpoint dict."""
     path = Path(ckpt_path)
     if not path.is_file():
-        raise GenerateError(f"{path}: no such checkpoint file (--ckpt)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # our own file: configs are dicts
-    except Exception as exc:  # torch raises several types for a corrupt or foreign file
-        raise GenerateError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc})") from exc
+        raise GenerateError(f"--ckpt {path}: no such checkpoint file; give a .ckpt written by fit")
+    try:  # weights_only: a foreign file is refused, never unpickled
+        ckpt = read_checkpoint(path, "--ckpt", required=())
+    except UserError as exc:
+        raise GenerateError(str(exc)) from exc
     try:
         hp = ckpt["hyper_parameters"]
         model_cfg = _config(ModelConfig, hp["arch"], f"{path}: hyper_parameters.arch")
@@ -157,6 +159,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_entry(lambda: _generate(args), "generate")
+
+
+def _generate(args: argparse.Namespace) -> int:
     device = torch.device(
         args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     )
@@ -188,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             on_token=stream,
         )
         stream.close()
-    except (GenerateError, ValueError) as exc:
-        sys.stdout.flush()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # bad sampling options or lengths: reported like every anticipated failure
+        raise GenerateError(str(exc)) from exc
     seconds = time.perf_counter() - start
     print(f"[{len(new)} new tokens in {seconds:.2f} s, {len(new) / seconds:.1f} tokens/s]", file=sys.stderr)
     return 0

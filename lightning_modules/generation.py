@@ -5,6 +5,7 @@ Plain torch; the command line (checkpoint, tokenizer, streaming to stdout) is li
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,8 +25,8 @@ class Sampling:
     greedy: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 means greedy)")
+        if not self.temperature >= 0 or math.isinf(self.temperature):  # NaN fails every comparison
+            raise ValueError(f"temperature={self.temperature}: must be a finite number >= 0 (0 means greedy)")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k={self.top_k}: must be >= 1")
 

@@ -48,7 +48,8 @@ def check_reachable(uri: str) -> None:
         MlflowClient(uri).search_experiments(max_results=1)
     except Exception as e:  # any failure means no run can be tracked: stop before training
         raise TrackingUnreachableError(
-            f"MLflow tracking store {uri} is unreachable: {type(e).__name__}: {e}"
+            f"MLflow tracking store {uri} is unreachable: {type(e).__name__}: {e}; start the server, or "
+            "unset MLFLOW_TRACKING_URI to log to ./mlruns"
         ) from e
 
 

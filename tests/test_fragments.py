@@ -53,7 +53,8 @@ def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def test_every_conf_fragment_is_in_a_combination() -> None:
     used = {p for combo in combinations() for p in combo}
-    assert set(CONF_DIR.glob("**/*.yaml")) <= used
+    # conf/study/ holds study protocols, not main.py fragments (tests/test_study.py loads them).
+    assert {p for p in CONF_DIR.glob("**/*.yaml") if p.parent.name != "study"} <= used
 
 
 @pytest.mark.parametrize(

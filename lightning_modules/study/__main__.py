@@ -1,0 +1,62 @@
+"""python -m lightning_modules.study PROTOCOL.yaml [--workers N] [--report]; see lightning_modules/study/."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lightning_modules import tracking
+from lightning_modules.analysis.errors import AnalysisError
+from lightning_modules.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_modules.study",
+        description="Run a study protocol's runs that are not done yet (resumable), or report it from the store.",
+    )
+    parser.add_argument("protocol", type=Path, help="conf/study/<name>.yaml")
+    parser.add_argument("--workers", type=int, default=1, help="runs trained at once on this machine")
+    parser.add_argument(
+        "--report", action="store_true", help="write results/<protocol>/ from the store; train nothing"
+    )
+    parser.add_argument(
+        "--plan", action="store_true", help="print what is done and what would run; train nothing"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: results/<protocol>)")
+    parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
+    parser.add_argument("--settle-s", type=float, default=2.0, help="wait after claiming (store.py)")
+    parser.add_argument("--stale-after-s", type=float, default=600.0, help="heartbeat age of a stale claim")
+    args = parser.parse_args(argv)
+    from lightning_modules.study import protocol as protocols
+    from lightning_modules.study.store import Store
+
+    try:
+        protocol = protocols.load(args.protocol)
+        uri = tracking.tracking_uri()
+        if args.report:
+            from lightning_modules.study import report
+
+            report.write(protocol, uri, args.out)
+            return 0
+        tracking.check_reachable(uri)
+        store = Store(uri, protocol.experiment, args.settle_s, args.stale_after_s)
+        from lightning_modules.study.runner import Runner
+
+        command = " ".join(["python -m lightning_modules.study", *(sys.argv[1:] if argv is None else argv)])
+        runner = Runner(protocol, store, args.workers, args.checkpoints, command)
+        if args.plan:
+            plan = runner.survey()
+            print(runner.describe(plan))
+            for spec, found in plan:
+                print(f"  {found.state:<8} {spec.name} ({spec.identity})")
+            return 0
+        return runner.run()
+    except (ConfigError, AnalysisError, tracking.TrackingUnreachableError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

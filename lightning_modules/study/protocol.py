@@ -1,0 +1,235 @@
+"""A study protocol (conf/study/<name>.yaml) and the runs it asks for.
+
+A protocol names the sizes, the arms (an attention and its knobs), the seeds, one budget (FLOPs, so that
+arms train on equal compute) and the data fragment. Every (size, arm, seed) is one run, and a run's identity
+is (protocol, size, arm label, seed, budget, data manifest hash): two runs with the same identity are the
+same experiment, so the runner never trains one twice. The arm label is the attention's own label
+(AttentionConfig.label(), resolved against the size), so the names come from the attention registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lightning_modules import tracking
+from lightning_modules.attention import AttentionConfig, knob_specs, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig, fragment, load_model_config
+from lightning_modules.language_model import Budget
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {"description", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit", "checkpoint_every"}
+DEFAULT_EXPERIMENT = "lrkv-study"
+# Set by the runner for every run; a protocol's `fit` settings may not touch them.
+RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir", "trainer.logger")
+TAG = "study."  # prefix of the tags the runner adds to the training module's own (tracking.run_tags)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a protocol: what to train and the identity it is recorded under."""
+
+    protocol: str
+    size: str
+    model: ModelConfig
+    attention: AttentionConfig  # resolved against the size: every knob set
+    explicit: dict[str, Any]  # the knobs the protocol names (passed on the command line)
+    seed: int
+    budget: Budget
+    data_fragment: Path
+    data_dir: Path
+    data_hash: str
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.attention.label()
+
+    @property
+    def name(self) -> str:
+        return tracking.run_name(self.model, self.attention, self.seed)
+
+    def identity_fields(self) -> dict[str, str]:
+        return {
+            "protocol": self.protocol,
+            "size": self.size,
+            "arm": self.label,
+            "seed": str(self.seed),
+            "budget": self.budget.describe(),
+            "data": self.data_hash,
+        }
+
+    @property
+    def identity(self) -> str:
+        text = json.dumps(self.identity_fields(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def tags(self) -> dict[str, str]:
+        """The training module's tags (size, attention, knobs, seed, budget, commit) and the identity."""
+        tags = tracking.run_tags(self.model, self.attention, self.seed, self.budget.describe())
+        tags.update({TAG + k: v for k, v in self.identity_fields().items()})
+        tags[TAG + "identity"] = self.identity
+        return tags
+
+    def cli_args(self) -> list[str]:
+        """main.py's arguments for this run (without the subcommand): the fragments, then the knobs."""
+        args = ["--config", str(ROOT / "conf/base.yaml"), "--config", str(fragment("model", self.size))]
+        args += ["--config", str(fragment("attention", self.attention.kind))]
+        args += ["--config", str(self.data_fragment), "--data.data_dir", str(self.data_dir)]
+        for knob, value in self.explicit.items():
+            args += [f"--model.attention.{knob}", str(value)]
+        for key, value in (("tokens", self.budget.tokens), ("flops", self.budget.flops)):
+            if value is not None:
+                args += [f"--model.budget.{key}", repr(float(value))]
+        args += ["--seed_everything", str(self.seed)]
+        for key, value in self.fit.items():
+            args += [f"--{key}", _cli_value(value)]
+        return args
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    path: Path
+    description: str
+    experiment: str
+    runs: tuple[RunSpec, ...]
+    sizes: tuple[str, ...]
+    labels: tuple[str, ...]  # arm labels in the protocol's order (of the first size)
+    seeds: tuple[int, ...]
+    checkpoint_every: int
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _resolve(path: str | Path, base: Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else (base / p)
+
+
+def manifest_hash(data_dir: Path) -> str:
+    """sha256 of the data's manifest.json (which holds every shard's sha256): same hash, same data."""
+    manifest = data_dir / "manifest.json"
+    if not manifest.is_file():
+        raise ConfigError(
+            f"data.data_dir={data_dir}: no manifest.json there; build the shards first (`make data`, or "
+            f"python -m data.prepare --out {data_dir} ...)"
+        )
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def _data_dir(fragment: Path) -> Path:
+    """data.data_dir of a data fragment, relative paths taken from the current directory as main.py does."""
+    tree = yaml.safe_load(fragment.read_text()) or {}
+    data_dir = (tree.get("data") or {}).get("data_dir")
+    if not data_dir:
+        raise ConfigError(f"data fragment {fragment} sets no data.data_dir")
+    return Path(data_dir).resolve()
+
+
+def _arm(raw: Any, index: int, where: str) -> tuple[str, dict[str, Any]]:
+    if not isinstance(raw, dict) or "kind" not in raw:
+        raise ConfigError(
+            f"{where}: arms[{index}] must be a mapping with `kind` and knobs, e.g. {{kind: lrkv, rank: 16}}"
+        )
+    knobs = {k: v for k, v in raw.items() if k != "kind"}
+    allowed = tuple(knob_specs())
+    unknown = sorted(set(knobs) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{where}: arms[{index}] has unknown knobs {unknown}; allowed: {', '.join(allowed)}"
+        )
+    return str(raw["kind"]), knobs
+
+
+def load(path: str | Path) -> Protocol:
+    """Read and validate a protocol; every problem is a ConfigError naming the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        known = sorted(p.stem for p in (ROOT / "conf/study").glob("*.yaml"))
+        raise ConfigError(f"no study protocol {path}; protocols in conf/study/: {', '.join(known)}")
+    where = str(path)
+    tree = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(tree) - FIELDS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {unknown}; allowed: {', '.join(sorted(FIELDS))}")
+    for key in ("sizes", "arms", "seeds", "budget", "data"):
+        if not tree.get(key):
+            raise ConfigError(f"{where}: `{key}` is required")
+    seeds = tree["seeds"]
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(
+        seeds
+    ):
+        raise ConfigError(f"{where}: seeds must be distinct integers, got {seeds}")
+    try:  # YAML reads 4.0e9 (no sign in the exponent) as a string
+        budget = Budget(**{k: float(v) for k, v in dict(tree["budget"]).items()})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: budget: {e}; give {{flops: ...}} or {{tokens: ...}}") from e
+    if budget.flops is None and budget.tokens is None:
+        raise ConfigError(f"{where}: budget needs flops (equal compute) or tokens")
+    fit = dict(tree.get("fit") or {})
+    for key in fit:
+        if any(key == r or key.startswith(r + ".") for r in RESERVED):
+            raise ConfigError(
+                f"{where}: fit.{key} is set by the study runner (the arm, seed, budget or data)"
+            )
+    every = int(tree.get("checkpoint_every", 50))
+    if every < 1:
+        raise ConfigError(f"{where}: checkpoint_every={every}: must be >= 1 (optimizer steps)")
+    data_fragment = _resolve(tree["data"], ROOT)
+    if not data_fragment.is_file():
+        raise ConfigError(f"{where}: data fragment {data_fragment} does not exist")
+    data_dir = _data_dir(data_fragment)
+    data_hash = manifest_hash(data_dir)
+    arms = [_arm(raw, i, where) for i, raw in enumerate(tree["arms"])]
+    runs, labels_by_size = [], {}
+    for size in tree["sizes"]:
+        model, _ = load_model_config([fragment("model", str(size))])
+        labels: list[str] = []
+        resolved = []
+        for kind, knobs in arms:
+            attention = resolve_attention(model, AttentionConfig(kind=kind, **knobs))
+            if attention.label() in labels:
+                raise ConfigError(f"{where}: two arms with the label {attention.label()!r} at size {size}")
+            labels.append(attention.label())
+            resolved.append((attention, knobs))
+        labels_by_size[size] = labels
+        # Seed-major order: a study stopped half-way already holds complete seed pairs across arms.
+        for seed in seeds:
+            for attention, knobs in resolved:
+                runs.append(
+                    RunSpec(
+                        path.stem,
+                        str(size),
+                        model,
+                        attention,
+                        knobs,
+                        seed,
+                        budget,
+                        data_fragment,
+                        data_dir,
+                        data_hash,
+                        fit,
+                    )  # fmt: skip
+                )
+    first = str(tree["sizes"][0])
+    return Protocol(
+        name=path.stem,
+        path=path.resolve(),
+        description=str(tree.get("description", "")).strip(),
+        experiment=str(tree.get("experiment", DEFAULT_EXPERIMENT)),
+        runs=tuple(runs),
+        sizes=tuple(str(s) for s in tree["sizes"]),
+        labels=tuple(labels_by_size[first]),
+        seeds=tuple(seeds),
+        checkpoint_every=every,
+    )

@@ -1,0 +1,237 @@
+"""Run a protocol's runs that are not done yet, N at a time, each in its own worker process (worker.py).
+
+Before a run starts it is claimed in the tracking store (store.py); a run found free with a checkpoint resumes
+from it, so the study can be stopped (Ctrl-C, a kill, a reboot) and restarted at any time with the same
+command. Progress: one line when a run starts and one when it ends, with how many are left and an estimate
+of the time that takes; each worker's own output goes to train.log in its checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
+from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, Found, Store
+
+POLL_S = 1.0
+
+
+@dataclass
+class Active:
+    spec: RunSpec
+    number: int
+    run_id: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    beat: float
+
+
+def machine() -> str:
+    """The CPU model and core count (and the GPU, added by the worker's device tag), for results/."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Runner:
+    def __init__(
+        self,
+        protocol: Protocol,
+        store: Store,
+        workers: int = 1,
+        checkpoints: Path = Path("checkpoints"),
+        command: str = "",
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"--workers {workers}: must be >= 1")
+        self.protocol, self.store, self.workers = protocol, store, workers
+        self.checkpoints = checkpoints.resolve() / "study" / protocol.name
+        self.threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
+        self.command = command or f"python -m lightning_modules.study {protocol.path} --workers {workers}"
+        self.durations: list[float] = []
+        self.failed: list[tuple[RunSpec, Path]] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    # ----- the plan ----------------------------------------------------------------------------------
+    def survey(self) -> list[tuple[RunSpec, Found]]:
+        by_identity = self.store.protocol_runs(self.protocol.name)
+        return [(s, self.store.classify(by_identity.get(s.identity, []))) for s in self.protocol.runs]
+
+    def describe(self, plan: list[tuple[RunSpec, Found]]) -> str:
+        p = self.protocol
+        counts = {
+            state: sum(f.state == state for _, f in plan) for state in ("done", "claimed", "free", "missing")
+        }
+        head = (
+            f"study {p.name}: {len(plan)} runs ({len(p.sizes)} size(s) x {len(p.labels)} arms x {len(p.seeds)} "
+            f"seeds), experiment {p.experiment!r} in {self.store.uri}"
+        )
+        body = (
+            f"  done {counts['done']}, running elsewhere {counts['claimed']}, to run "
+            f"{counts['free'] + counts['missing']} ({counts['free']} of them interrupted before: resumed)"
+        )
+        return head + "\n" + body
+
+    # ----- running -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        plan = self.survey()
+        self.say(self.describe(plan))
+        todo = [(s, f) for s, f in plan if f.state in ("missing", "free")]
+        total, done_before = len(plan), sum(f.state == "done" for _, f in plan)
+        if not todo:
+            self.say("  nothing to run" + ("" if done_before < total else ": every run is done"))
+            return 0
+        self.say(
+            f"  {self.workers} worker(s), {self.threads} thread(s) each; checkpoints in {self.checkpoints}"
+        )
+        active: list[Active] = []
+        finished = 0
+        queue = list(todo)
+        try:
+            while queue or active:
+                while queue and len(active) < self.workers:
+                    spec, _ = queue.pop(0)
+                    started = self._start(spec, done_before + finished + len(active) + 1, total)
+                    if started is not None:
+                        active.append(started)
+                time.sleep(POLL_S)
+                for job in list(active):
+                    code = job.proc.poll()
+                    if code is None:
+                        if time.time() - job.beat > HEARTBEAT_S:
+                            self.store.heartbeat(job.run_id)
+                            job.beat = time.time()
+                        continue
+                    active.remove(job)
+                    finished += 1
+                    self._finish(job, code, left=len(queue) + len(active))
+        except KeyboardInterrupt:
+            self._stop(active)
+            self.say(
+                "\nstopped: run the same command again to continue (interrupted runs resume from checkpoints)"
+            )
+            return 130
+        return self._summary()
+
+    def _start(self, spec: RunSpec, number: int, total: int) -> Active | None:
+        # Re-read just before claiming: another runner may have taken or finished it since the survey.
+        found = self.store.classify(self.store.runs_of(spec.identity))
+        if found.state in ("done", "claimed"):
+            self.say(
+                f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: {found.state} elsewhere"
+            )
+            return None
+        run = self.store.claim(spec, found)
+        if run is None:
+            self.say(
+                f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: claimed by another runner"
+            )
+            return None
+        run_id = run.info.run_id
+        folder = Path(run.data.tags.get(CHECKPOINT_DIR) or self.checkpoints / f"{spec.name}-{run_id[:8]}")
+        client = self.store.client
+        client.set_tag(run_id, CHECKPOINT_DIR, str(folder))
+        client.set_tag(run_id, TAG + "machine", machine())
+        client.set_tag(run_id, TAG + "command", self.command)
+        folder.mkdir(parents=True, exist_ok=True)
+        last = folder / "last.ckpt"
+        cmd = [sys.executable, "-m", "lightning_modules.study.worker", "--run-id", run_id]
+        cmd += ["--checkpoint-dir", str(folder), "--every", str(self.protocol.checkpoint_every)]
+        how = "new"
+        if last.is_file():
+            cmd += ["--resume", str(last)]
+            how = "resuming from its last checkpoint"
+        elif found.state == "free":
+            how = f"restarting: no checkpoint in {folder} on this machine"
+        cmd += ["--", *spec.cli_args()]
+        env = {**os.environ, "MLFLOW_TRACKING_URI": self.store.uri, "OMP_NUM_THREADS": self.threads}
+        env["PYTHONUNBUFFERED"] = "1"  # the log shows progress as it happens
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        log = folder / "train.log"
+        with log.open("ab") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.say(
+            f"[start {number}/{total}] {spec.size} {spec.label} seed {spec.seed} ({how}; run {run_id[:8]}, log {log})"
+        )
+        now = time.time()
+        return Active(spec, number, run_id, proc, log, now, now)
+
+    def _finish(self, job: Active, code: int, left: int) -> None:
+        spec, took = job.spec, time.time() - job.started
+        where = f"{spec.size} {spec.label} seed {spec.seed}"
+        run = self.store.client.get_run(job.run_id)
+        if code == 0 and "test/loss" in run.data.metrics:
+            self.durations.append(took)
+            eta = sum(self.durations) / len(self.durations) * left / self.workers
+            ce = run.data.metrics["test/loss"]
+            tail = f"{left} left, about {_duration(eta)} to go" if left else "none left"
+            self.say(f"[done  {job.number}] {where}: test CE {ce:.4f} in {_duration(took)}; {tail}")
+            return
+        self.store.release(job.run_id)
+        self.failed.append((spec, job.log))
+        self.say(
+            f"[FAIL  {job.number}] {where}: exit code {code} after {_duration(took)}; see {job.log}: {_last_line(job.log)}"
+        )
+
+    def _stop(self, active: list[Active]) -> None:
+        for job in active:
+            if job.proc.poll() is None:
+                job.proc.terminate()
+        for job in active:
+            try:
+                job.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.proc.kill()
+                job.proc.wait()
+            self.store.release(job.run_id)
+
+    def _summary(self) -> int:
+        plan = self.survey()
+        done = sum(f.state == "done" for _, f in plan)
+        elsewhere = [s for s, f in plan if f.state == "claimed"]
+        self.say(f"study {self.protocol.name}: {done}/{len(plan)} runs done")
+        if elsewhere:
+            self.say(
+                f"  {len(elsewhere)} still claimed by other runners; run again later to take over any they abandon"
+            )
+        for spec, log in self.failed:
+            self.say(
+                f"  failed: {spec.size} {spec.label} seed {spec.seed} (log {log}); run again to retry it"
+            )
+        if done == len(plan):
+            self.say(f"  report: python -m lightning_modules.study {self.protocol.path} --report")
+        return 1 if self.failed else 0
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][-300:] if lines else "empty log"

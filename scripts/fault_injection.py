@@ -1,0 +1,217 @@
+"""Fault injection: SIGKILL a fit at K random moments (some during a checkpoint write), resume it from its
+last.ckpt each time, and compare with one uninterrupted run of the same command.
+
+    python scripts/fault_injection.py --kills 20 --steps 30 --data-dir artifacts/shakespeare-32 --json
+
+Both runs use the real CLI (`main.py fit`), loader workers and a checkpoint every step; each gets its own
+folder (SQLite MLflow store, checkpoints). Compared: every tensor of the final checkpoint's state_dict
+(bitwise) and every logged `train/loss` (each step, including steps logged twice because the process died
+after logging but before its checkpoint: all values of a step must equal the uninterrupted run's).
+
+Kill moments: odd kills at a uniformly random time after the run has made progress past its resume point,
+even kills as soon as a checkpoint write has begun (Lightning/fsspec write the file under TMPDIR first, then
+move it into place; this script gives each process its own TMPDIR and kills when a file appears there;
+folders there are torch's caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = "lrkv-lab"
+
+
+@dataclass
+class Outcome:
+    kills: int = 0
+    kills_during_write: int = 0
+    processes: int = 0
+    steps: int = 0
+    weights_identical: bool = False
+    max_abs_weight_diff: float = 0.0
+    losses_identical: bool = False
+    steps_logged_twice: int = 0
+    loss_mismatches: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def fit_command(data_dir: Path, steps: int, seq_len: int, ckpt_dir: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "main.py"), "fit",
+        "--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml"),
+        "--config", str(ROOT / "conf/attention/lrkv.yaml"),
+        "--model.arch.seq_len", str(seq_len), "--data.data_dir", str(data_dir),
+        "--data.batch_size", "4", "--data.num_workers", "2", "--trainer.max_steps", str(steps),
+        "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0",
+        "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
+        "--trainer.callbacks+=lightning_modules.checkpointing.EndOfFitModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps", "1", "--trainer.callbacks.save_top_k", "-1",
+        "--trainer.callbacks.save_last", "true", "--trainer.callbacks.dirpath", str(ckpt_dir), *extra,
+    ]  # fmt: skip
+
+
+def _env(workdir: Path, tmpdir: Path) -> dict[str, str]:
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}",
+        "TMPDIR": str(tmpdir),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def _saved_steps(ckpt_dir: Path) -> int:
+    """Highest step among the checkpoints (names like epoch=0-step=12.ckpt)."""
+    best = 0
+    for path in ckpt_dir.glob("*step=*.ckpt"):
+        stem = path.stem.rsplit("step=", 1)[-1].split("-")[0].split("v")[0]
+        if stem.isdigit():
+            best = max(best, int(stem))
+    return best
+
+
+def run_uninterrupted(workdir: Path, data_dir: Path, steps: int, seq_len: int) -> Path:
+    """One fit to the end; returns its checkpoint folder."""
+    ckpt_dir = workdir / "ck"
+    cmd = fit_command(data_dir, steps, seq_len, ckpt_dir, [])
+    subprocess.run(cmd, cwd=workdir, env=_env(workdir, workdir / "tmp"), check=True, capture_output=True)
+    return ckpt_dir
+
+
+def run_with_kills(
+    workdir: Path, data_dir: Path, steps: int, seq_len: int, kills: int, rng: random.Random
+) -> tuple[Path, int, int, int]:
+    """Fit with `kills` SIGKILLs and a resume after each; returns the checkpoint folder, the kills done,
+    those during a write, and the processes started."""
+    ckpt_dir = workdir / "ck"
+    done = during_write = processes = 0
+    while True:
+        resume = ckpt_dir / "last.ckpt"
+        extra = ["--ckpt_path", str(resume)] if resume.exists() else []
+        tmpdir = workdir / f"tmp{processes}"
+        proc = subprocess.Popen(
+            fit_command(data_dir, steps, seq_len, ckpt_dir, extra),
+            cwd=workdir,
+            env=_env(workdir, tmpdir),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        processes += 1
+        start_step = _saved_steps(ckpt_dir)
+        if done < kills:
+            in_write = done % 2 == 1
+            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, in_write, rng):
+                done += 1
+                during_write += in_write
+                continue
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"fit exited {proc.returncode}: {err.decode()[-2000:]}")
+        if _saved_steps(ckpt_dir) >= steps:
+            return ckpt_dir, done, during_write, processes
+
+
+def _wait_and_kill(
+    proc: subprocess.Popen, ckpt_dir: Path, tmpdir: Path, start_step: int, in_write: bool, rng: random.Random
+) -> bool:
+    """Kill `proc` once it has saved past `start_step`: at once when a checkpoint write begins (in_write),
+    else after a random pause. False when it finished first."""
+    while _saved_steps(ckpt_dir) <= start_step:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    if in_write:
+        while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.0005)
+    else:
+        time.sleep(rng.uniform(0.0, 1.5))
+    if proc.poll() is not None:
+        return False
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def loss_history(workdir: Path) -> dict[int, list[float]]:
+    """train/loss values by step, over every run of the store (a resumed fit continues its run)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, f"no {EXPERIMENT} experiment in {workdir}"
+    history: dict[int, list[float]] = {}
+    for run in client.search_runs([experiment.experiment_id]):
+        for metric in client.get_metric_history(run.info.run_id, "train/loss"):
+            history.setdefault(metric.step, []).append(metric.value)
+    return history
+
+
+def final_state(ckpt_dir: Path) -> dict:
+    import torch
+
+    return torch.load(ckpt_dir / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def compare(reference: Path, killed: Path, ref_ckpt: Path, killed_ckpt: Path, outcome: Outcome) -> None:
+    a, b = final_state(ref_ckpt), final_state(killed_ckpt)
+    assert a.keys() == b.keys()
+    outcome.max_abs_weight_diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    outcome.weights_identical = all(a[k].equal(b[k]) for k in a)
+    ref, got = loss_history(reference), loss_history(killed)
+    outcome.steps = len(ref)
+    outcome.steps_logged_twice = sum(len(v) > 1 for v in got.values())
+    for step in sorted(set(ref) | set(got)):
+        if len(ref.get(step, [])) != 1 or set(got.get(step, [])) != set(ref[step]):
+            outcome.loss_mismatches.append(
+                f"step {step}: uninterrupted {ref.get(step)}, killed {got.get(step)}"
+            )
+    outcome.losses_identical = not outcome.loss_mismatches
+
+
+def run(workdir: Path, data_dir: Path, steps: int, seq_len: int, kills: int, seed: int) -> Outcome:
+    start = time.perf_counter()
+    outcome = Outcome()
+    (workdir / "reference").mkdir(parents=True, exist_ok=True)
+    (workdir / "killed").mkdir(parents=True, exist_ok=True)
+    ref_ckpt = run_uninterrupted(workdir / "reference", data_dir, steps, seq_len)
+    killed_ckpt, outcome.kills, outcome.kills_during_write, outcome.processes = run_with_kills(
+        workdir / "killed", data_dir, steps, seq_len, kills, random.Random(seed)
+    )
+    compare(workdir / "reference", workdir / "killed", ref_ckpt, killed_ckpt, outcome)
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seq-len", type=int, default=32, help="the shards' seq_len")
+    p.add_argument("--data-dir", type=Path, required=True, help="shards prepared with this --seq-len")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    import tempfile
+
+    workdir = a.workdir or Path(tempfile.mkdtemp(prefix="fault-injection-"))
+    outcome = run(workdir, a.data_dir.resolve(), a.steps, a.seq_len, a.kills, a.seed)
+    print(json.dumps(asdict(outcome), indent=2) if a.json else outcome)
+    return 0 if outcome.weights_identical and outcome.losses_identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
