@@ -3,15 +3,19 @@ under 10 minutes with the defaults).
 
     python benchmarks/gpu.py                  # 128m and 1b, every attention, both kernels: a table
     python benchmarks/gpu.py --json           # the same rows as JSON
+    python benchmarks/gpu.py --compile off    # eager only (default: both, compiled and eager)
     python benchmarks/gpu.py --device cpu --sizes nano --seq-len 32 --batch-size 2 --steps 1 --warmup 1
                                               # smoke run of the same code on a CPU (no figures)
 
 A timed step is what a training step of LanguageModel runs under Lightning's bf16-mixed on one device: the
 decoder's forward under bf16 autocast, fp32 cross-entropy, backward, gradient clipping at 1.0 and the
 paper's optimiser (MuonAdamW: Muon for block matrices, AdamW for embedding, head and gains; --optimizer
-adamw for AdamW everywhere), eager. Micro-batches are the paper's per-GPU ones (conf/recipe: 16 x 2048
+adamw for AdamW everywhere), eager and with each decoder block torch.compile'd (`model.compile: true`,
+lightning_modules/compile.py; compilation happens in the warm-up). Micro-batches are the paper's per-GPU ones (conf/recipe: 16 x 2048
 at 128m, 8 x 2048 at 1b). MFU = achieved training FLOPs/s (costs.py's convention) / the device's peak
-dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch's max allocated.
+dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch's max allocated over the
+timed steps, printed next to the memory plan's peak for the same setting (lightning_modules/memory.py,
+`python -m lightning_modules.costs --memory`), so the first GPU run checks the plan too.
 
 The kernel is chosen by lightning_modules/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
 "flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -37,8 +42,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_modules import costs, precision
+from lightning_modules import costs, memory, precision
 from lightning_modules.attention import REGISTRY, kernel, names, resolve_attention
+from lightning_modules.compile import compile_blocks
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
 from lightning_modules.throughput import device_peak_flops
 from lightning_modules.transformer import Transformer
@@ -70,7 +76,13 @@ def variants() -> list[tuple[str, str | None]]:
 
 
 def measure(
-    size: str, kind: str, path: str | None, kernel_name: str, args: argparse.Namespace, device: torch.device
+    size: str,
+    kind: str,
+    path: str | None,
+    kernel_name: str,
+    compiled: bool,
+    args: argparse.Namespace,
+    device: torch.device,
 ) -> dict[str, Any]:
     model, attention = costs.load_configs([costs.fragment("model", size), costs.fragment("attention", kind)])
     if args.seq_len:
@@ -83,12 +95,16 @@ def measure(
     label = attention.label() + (f" ({path})" if path else "")
     row: dict[str, Any] = {"size": size, "attention": label, "kernel": kernel_name, "batch": batch}
     row["seq_len"] = model.seq_len
+    row["compile"] = compiled
+    row["plan_peak_gib"] = round(plan_peak(model, attention, batch, args) / 2**30, 2)
     cuda = device.type == "cuda"
     try:
         torch.manual_seed(0)
         with torch.device(device):
             net = Transformer(model, attention)
             tokens = torch.randint(0, model.vocab_size, (batch, model.seq_len + 1))
+        if compiled:
+            compile_blocks(net.blocks)
         optimizer = build_optimizer(
             net, OptimizerConfig(name=args.optimizer, lr=0.02, embed_lr=0.2, head_lr=0.004)
         )
@@ -103,7 +119,7 @@ def measure(
             optimizer.zero_grad(set_to_none=True)
 
         with kernel_choice(kernel_name):
-            for _ in range(args.warmup):
+            for _ in range(max(args.warmup, 1) if compiled else args.warmup):  # compiled in the warm-up
                 step()
             if cuda:
                 torch.cuda.synchronize(device)
@@ -131,14 +147,26 @@ def measure(
     return row
 
 
+def plan_peak(model: Any, attention: Any, batch: int, args: argparse.Namespace) -> int:
+    """The memory plan's peak for this row's step: one device, this micro-batch, precision and optimiser."""
+    setup = memory.Setup(
+        micro_batch=batch, precision="bf16-mixed" if args.bf16 else "32-true", optimizer=args.optimizer
+    )
+    return memory.plan(model, attention, setup).peak
+
+
 def compare(rows: list[dict[str, Any]]) -> list[str]:
-    """vs_mha per row (same size and kernel), and the issue's targets as PASS / FAIL lines."""
+    """vs_mha per row (same size, kernel and compile setting), and the issue's targets as PASS / FAIL lines
+    (best row of each attention: kernel and compile setting each at their best)."""
     lines = []
     for size in sorted({r["size"] for r in rows}, key=[r["size"] for r in rows].index):
         ok = [r for r in rows if r["size"] == size and r["status"] == "ok"]
-        mha = {r["kernel"]: r["tokens_per_s"] for r in ok if r["attention"] == "mha"}
+        mha = {
+            (r["kernel"], r.get("compile", False)): r["tokens_per_s"] for r in ok if r["attention"] == "mha"
+        }
         for r in ok:
-            ref = mha.get(r["kernel"]) or mha.get("sdpa")
+            compiled = r.get("compile", False)
+            ref = mha.get((r["kernel"], compiled)) or mha.get(("sdpa", compiled))
             r["vs_mha"] = round(r["tokens_per_s"] / ref, 3) if ref else None
         best: dict[str, dict[str, Any]] = {}
         for r in ok:
@@ -151,7 +179,8 @@ def compare(rows: list[dict[str, Any]]) -> list[str]:
         if size == "128m" and top["mfu"] is not None and top["seq_len"] == 2048:
             verdict = "PASS" if top["mfu"] >= MFU_TARGET else "FAIL"
             lines.append(
-                f"{verdict} {size} mha MFU {top['mfu']:.1%} (target >= {MFU_TARGET:.0%}, {top['kernel']})"
+                f"{verdict} {size} mha MFU {top['mfu']:.1%} (target >= {MFU_TARGET:.0%}, {top['kernel']}"
+                + (", compiled)" if top.get("compile") else ")")
             )
         for r in best.values():
             ratio = r["tokens_per_s"] / top["tokens_per_s"]
@@ -180,16 +209,17 @@ def environment(device: torch.device, argv: list[str], bf16: bool) -> dict[str, 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| size | attention | kernel | ran | batch x seq | tokens/s | MFU | peak GiB | vs mha |"
-    lines = [head, "|" + "---|" * 9]
+    head = "| size | attention | kernel | compile | ran | batch x seq | tokens/s | MFU | peak GiB | plan GiB | vs mha |"
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "-"
         tps = f"{r['tokens_per_s']:,}" if r.get("tokens_per_s") is not None else r["status"]
         vs = f"{r['vs_mha']:.2f}" if r.get("vs_mha") is not None else "-"
+        plan = f"{r['plan_peak_gib']:.1f}" if r.get("plan_peak_gib") is not None else "-"
         lines.append(
-            f"| {r['size']} | {r['attention']} | {r['kernel']} | {r.get('kernel_ran') or '-'} | "
-            f"{r['batch']} x {r['seq_len']} | {tps} | {mfu} | {mem} | {vs} |"
+            f"| {r['size']} | {r['attention']} | {r['kernel']} | {'on' if r.get('compile') else 'off'} | "
+            f"{r.get('kernel_ran') or '-'} | {r['batch']} x {r['seq_len']} | {tps} | {mfu} | {mem} | {plan} | {vs} |"
         )
     return "\n".join(lines)
 
@@ -205,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--optimizer", choices=["muon", "adamw"], default="muon")
+    parser.add_argument(
+        "--compile", choices=["both", "on", "off"], default="both", help="torch.compile per block"
+    )
+    parser.add_argument("--kinds", nargs="+", choices=names(), default=names())
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="rows after this are skipped")
     parser.add_argument("--json", action="store_true")
@@ -224,21 +258,34 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows = []
     for size in args.sizes:
-        for kind, path in variants():
-            for kernel_name in args.kernels:
-                if kernel_name == "flash" and kind == "mla":
-                    continue  # unequal head dims: attend runs SDPA whatever is installed
-                if kernel_name == "flash" and kernel.flash_attn_func is None:
-                    continue  # nothing to compare: say so below
-                if time.perf_counter() - start > args.budget_minutes * 60:
-                    rows.append({"size": size, "attention": kind, "kernel": kernel_name, "status": "skipped"})
-                    continue
-                rows.append(measure(size, kind, path, kernel_name, args, device))
-                if not args.json:
-                    print(
-                        f"  measured {rows[-1]['size']} {rows[-1]['attention']} {kernel_name}",
-                        file=sys.stderr,
-                    )
+        compile_settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
+        for (kind, path), kernel_name, compiled in itertools.product(
+            variants(), args.kernels, compile_settings
+        ):
+            if kind not in args.kinds:
+                continue
+            if kernel_name == "flash" and kind == "mla":
+                continue  # unequal head dims: attend runs SDPA whatever is installed
+            if kernel_name == "flash" and kernel.flash_attn_func is None:
+                continue  # nothing to compare: say so below
+            if time.perf_counter() - start > args.budget_minutes * 60:
+                rows.append(
+                    {
+                        "size": size,
+                        "attention": kind,
+                        "kernel": kernel_name,
+                        "compile": compiled,
+                        "status": "skipped",
+                    }
+                )
+                continue
+            rows.append(measure(size, kind, path, kernel_name, compiled, args, device))
+            if not args.json:
+                print(
+                    f"  measured {rows[-1]['size']} {rows[-1]['attention']} {kernel_name}"
+                    f" {'compiled' if compiled else 'eager'}",
+                    file=sys.stderr,
+                )
     rows = [r for r in rows if r["status"] != "skipped"] + [r for r in rows if r["status"] == "skipped"]
     verdicts = compare([r for r in rows if r["status"] != "skipped"])
     env = environment(device, argv, args.bf16)

@@ -3,12 +3,16 @@
     python benchmarks/train_throughput.py                     # nano and 20m, every attention
     python benchmarks/train_throughput.py --vs litgpt --json  # pair mha/gqa/mqa with litgpt's GPT
     python benchmarks/train_throughput.py --precision fp32    # auto (default): bf16 only where it is native
+    python benchmarks/train_throughput.py --compile --kinds mha lrkv --vs litgpt --precision fp32
+                                                              # + each decoder block torch.compile'd
 
 With --vs litgpt, our mha, gqa and mqa are paired with litgpt's GPT at identical shapes (layers, width,
 heads, kv groups, head size, vocabulary, no biases, RMSNorm, QK-norm, a 4d MLP) in the same process, and
 the two are timed alternately so that machine noise hits both alike. litgpt's MLP is GELU, ours ReLU^2:
 same matrix shapes, same FLOPs. Install it with `make litgpt` (pip install --no-deps litgpt safetensors).
 LRKV is measured on both training paths (factorized and materialized) so the faster can be chosen.
+With --compile every one of our models also runs with its blocks compiled (lightning_modules/compile.py,
+what `model.compile: true` does), timed in the same round-robin; compilation happens in the warm-up.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from lightning_modules.attention import (
     resolve,
     resolve_attention,
 )
+from lightning_modules.compile import compile_blocks
 from lightning_modules.config import ModelConfig
 from lightning_modules.transformer import Transformer
 
@@ -104,24 +109,29 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
     tokens = torch.randint(0, model.vocab_size, (args.batch_size, model.seq_len + 1))
     contenders: dict[str, Callable[[], None]] = {}
     configs: dict[str, AttentionConfig] = {}
-    for kind in names():
+    for kind in args.kinds or names():
         for suffix, path in REGISTRY[kind].train_paths().items():
             attention = AttentionConfig(kind=kind, **path)  # type: ignore[arg-type]
             cls, knobs = resolve(model, attention)[1:]
             label = resolve_attention(model, attention).label() + suffix
             configs[label] = attention
             contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
+            if args.compile:
+                compiled = Transformer(model, attention)
+                compile_blocks(compiled.blocks)
+                contenders[f"compiled:{label}"] = make_step(compiled, tokens, args.bf16)
             if args.vs == "litgpt" and issubclass(cls, GroupedQueryAttention):  # litgpt has K/V heads only
                 n_kv = cls.kv_heads(model, knobs)
                 contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
     seconds = measure(contenders, args.steps, args.repeats, args.warmup)
     tokens_per_run = args.batch_size * model.seq_len * args.steps
-    mha_rate = tokens_per_run / seconds["mha"]
+    mha_rate = tokens_per_run / seconds["mha"] if "mha" in seconds else None
     rows = []
     for label, attention in configs.items():
         rate = tokens_per_run / seconds[label]
         ref = seconds.get(f"litgpt:{label}")
         ref_rate = tokens_per_run / ref if ref else None
+        compiled_s = seconds.get(f"compiled:{label}")
         rows.append(
             {
                 "size": size,
@@ -133,7 +143,9 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
                 "ours_tokens_per_s": round(rate, 1),
                 "ref_tokens_per_s": round(ref_rate, 1) if ref_rate else None,
                 "ratio": round(rate / ref_rate, 3) if ref_rate else None,
-                "vs_our_mha": round(rate / mha_rate, 3),
+                "vs_our_mha": round(rate / mha_rate, 3) if mha_rate else None,
+                "compiled_tokens_per_s": round(tokens_per_run / compiled_s, 1) if compiled_s else None,
+                "compiled_vs_eager": round(seconds[label] / compiled_s, 3) if compiled_s else None,
                 "precision": "bf16" if args.bf16 else "fp32",
                 "hardware": args.hardware,
             }
@@ -148,6 +160,10 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["nano", "20m"])
     parser.add_argument(
         "--vs", choices=["litgpt"], default=None, help="pair mha/gqa/mqa with a reference model"
+    )
+    parser.add_argument("--kinds", nargs="+", choices=names(), default=None, help="default: every attention")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time each model with its blocks compiled"
     )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
@@ -170,13 +186,17 @@ def main() -> None:
         return
     print(
         f"{'size':>5} {'attention':<24} {'params':>10} {'ours tok/s':>10} {'ref tok/s':>10} {'ratio':>6} {'vs mha':>6}"
+        f" {'compiled tok/s':>14} {'compiled/eager':>14}"
     )
     for r in rows:
         ref = f"{r['ref_tokens_per_s']:>10.0f}" if r["ref_tokens_per_s"] else f"{'-':>10}"
         ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
+        vs = f"{r['vs_our_mha']:>6.2f}" if r["vs_our_mha"] else f"{'-':>6}"
+        comp = f"{r['compiled_tokens_per_s']:>14.0f}" if r["compiled_tokens_per_s"] else f"{'-':>14}"
+        gain = f"{r['compiled_vs_eager']:>14.2f}" if r["compiled_vs_eager"] else f"{'-':>14}"
         print(
             f"{r['size']:>5} {r['attention']:<24} {r['params']:>10,} {r['ours_tokens_per_s']:>10.0f} {ref} {ratio} "
-            f"{r['vs_our_mha']:>6.2f}"
+            f"{vs} {comp} {gain}"
         )
 
 

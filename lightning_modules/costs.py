@@ -171,7 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--context", type=int, default=None, help="decode context length (default: seq_len)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--memory", action="store_true", help="per-rank memory plan (lightning_modules/memory.py)"
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.memory:  # the plan's own options (--size, --strategy, ...) are parsed by its module
+        from lightning_modules.memory_cli import main as memory_main
+
+        return memory_main(args.config, rest, args.json)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.config:
             rows = [cost_row(*load_configs(args.config), args.context)]

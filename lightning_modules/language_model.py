@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightning_modules import costs
+from lightning_modules import costs, meta_init
 from lightning_modules.attention import AttentionConfig, kernel, resolve_attention
 from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
@@ -71,16 +71,22 @@ class LanguageModel(L.LightningModule):
         optimizer: OptimizerConfig | None = None,
         budget: Budget | None = None,
         parallel: ParallelConfig | None = None,
+        compile: bool = False,
     ) -> None:
+        """compile: torch.compile each decoder block (lightning_modules/compile.py)."""
         super().__init__()
         self.arch: ModelConfig = _as(ModelConfig, arch)
         self.attention: AttentionConfig = resolve_attention(self.arch, _as(AttentionConfig, attention))
         self.optim_config: OptimizerConfig = _as(OptimizerConfig, optimizer) or OptimizerConfig()
         self.budget: Budget = _as(Budget, budget) or Budget()
         self.parallel: ParallelConfig = _as(ParallelConfig, parallel) or ParallelConfig()
+        self.compile_blocks = compile
         # logger=False: the CLI logs the whole merged config once (cli.MLflowConfigCallback), not this subset.
         self.save_hyperparameters(logger=False)
-        self.model = Transformer(self.arch, self.attention)
+        if self.parallel.meta_init:  # shapes only; configure_model shards, then materialises (meta_init.py)
+            self.model = meta_init.build_on_meta(self.arch, self.attention)
+        else:
+            self.model = Transformer(self.arch, self.attention)
         self.tokens_seen = 0
         self._flops_per_token: dict[int, float] = {}
         self.flops_seen = 0.0
@@ -141,10 +147,13 @@ class LanguageModel(L.LightningModule):
                     f"{', '.join(unused)}: only a sharded strategy uses this; compose conf/strategy/fsdp.yaml "
                     "or conf/strategy/hybrid-fsdp.yaml"
                 )
-            parallelize(self.model, self.parallel, None, None)
+            parallelize(self.model, self.parallel, None, None, compile=self.compile_blocks)
         else:
             mesh = data_parallel_mesh(self.device_mesh, self.parallel.sharding, self.trainer.num_nodes)
-            parallelize(self.model, self.parallel, mesh, param_dtype_for(str(self.trainer.precision)))
+            precision = param_dtype_for(str(self.trainer.precision))
+            parallelize(self.model, self.parallel, mesh, precision, compile=self.compile_blocks)
+        if meta_init.is_meta(self.model):
+            meta_init.materialize(self.model, self.trainer.strategy.root_device, torch.initial_seed())
         self._parallelized = True
 
     def on_train_start(self) -> None:

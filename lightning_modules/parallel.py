@@ -25,6 +25,7 @@ from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from lightning_modules.compile import compile_blocks
 from lightning_modules.config import ConfigError
 from lightning_modules.transformer import Transformer
 
@@ -43,12 +44,15 @@ class ParallelConfig:
         backward (less memory); False keeps them from forward to backward (one all-gather fewer per block).
     activation_checkpointing: recompute each block's activations in backward instead of keeping them
         (any strategy, sharded or not).
+    meta_init: build the decoder on the meta device and let each rank initialise only its shards
+        (lightning_modules/meta_init.py; any strategy).
     """
 
     sharding: Literal["full", "hybrid"] = "full"
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False
+    meta_init: bool = False
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
@@ -99,9 +103,14 @@ def param_dtype_for(precision: str) -> torch.dtype | None:
 
 
 def parallelize(
-    model: Transformer, config: ParallelConfig, mesh: DeviceMesh | None, param_dtype: torch.dtype | None
+    model: Transformer,
+    config: ParallelConfig,
+    mesh: DeviceMesh | None,
+    param_dtype: torch.dtype | None,
+    compile: bool = False,
 ) -> None:
-    """Apply activation checkpointing (if set) and, given a mesh, FSDP2, in place and at most once.
+    """Apply activation checkpointing (if set), torch.compile per block (if `compile`; compile.py) and,
+    given a mesh, FSDP2, in place, in that order and at most once.
 
     Parameters stay where they are (same names, so checkpoints do not depend on the strategy); under FSDP
     they become DTensors sharded on dim 0 (Shard(0), or (Replicate(), Shard(0)) on a hybrid mesh).
@@ -114,6 +123,8 @@ def parallelize(
         for block in model.blocks:
             checkpoint(block)
         model._activation_checkpointing = True  # type: ignore[assignment]
+    if compile:
+        compile_blocks(model.blocks)
     if mesh is None:
         return
     reduce_dtype = getattr(torch, config.reduce_dtype)

@@ -94,6 +94,9 @@ def run(kind: str, shards: str, out: Path, extra: list[str]) -> None:
         "local_rows": {name: p.to_local().shape[0] for name, p in params.items() if isinstance(p, DTensor)},
         "global_rows": {name: p.shape[0] for name, p in params.items()},
         "mesh": str(straight.model.model.blocks[0].attn_norm.weight.device_mesh),
+        "compiled_blocks": sum(
+            getattr(b, "_compiled_call_impl", None) is not None for b in straight.model.model.blocks
+        ),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
 

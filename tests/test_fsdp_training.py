@@ -182,3 +182,19 @@ def test_hybrid_fsdp_across_two_torchrun_nodes(
     # gradients themselves are compared tightly in tests/test_fsdp_muon.py.
     for step in range(1, STEPS):
         assert hybrid[step] == pytest.approx(full[step], rel=2e-4), step
+
+
+def test_fsdp_with_compile_and_checkpointing_resumes_exactly(
+    tiny_shards: Path, store: tuple[Path, str]
+) -> None:
+    """model.compile + activation checkpointing under FSDP2 (each block compiled, then sharded): fit, sharded
+    checkpoint and exact resume as eager does. Compiled against eager losses: tests/test_compile.py."""
+    work, uri = store
+    out = work / "compiled"
+    extra = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", "2", "--model.compile", "true",
+             "--model.parallel.activation_checkpointing", "true"]  # fmt: skip
+    launch(
+        [[sys.executable, *driver(tiny_shards, out, ("mha",)), *extra]], work, uri, timeout=900
+    )  # compiles
+    assert_resumed_exactly(out / "mha", uri)
+    assert results(out / "mha")[0]["compiled_blocks"] == 2

@@ -1,0 +1,209 @@
+"""The memory plan (lightning_modules/memory.py) against the peak a real training step reaches on this CPU.
+
+    python benchmarks/memory_plan.py --size nano --attention lrkv --micro-batch 8 --seq-len 64
+    python -m torch.distributed.run --nproc-per-node 2 benchmarks/memory_plan.py --strategy fsdp ...
+    python benchmarks/memory_plan.py --all          # the rows of BENCHMARKS.md (single and 2 gloo ranks)
+
+A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/parallel.py): forward
+(under bf16 autocast with bf16-mixed), fp32 cross-entropy, backward, gradient clipping at 1.0, the
+optimiser's step and zero_grad(set_to_none=True). Three steps run; the peak is over the last two (the
+optimiser state exists from the first).
+
+How the peak is measured. torch's CPU allocator keeps no statistics (torch.cuda.max_memory_allocated has no
+CPU twin), and RSS moves with glibc's arenas, the Python heap and lazily freed pages, by more than the
+small models' whole footprint. torch.profiler with profile_memory=True records every allocation and free
+of the CPU allocator, storage resizes included (FSDP2 frees and regathers weights that way), with
+timestamps; summing them from before the model exists gives the bytes of live tensors at every moment,
+deterministically: the same program gives the same figure. It counts tensor memory only, which is what
+the plan predicts (a GPU run adds its CUDA context; see the plan's docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lightning_modules import costs, memory  # noqa: E402
+from lightning_modules.attention import resolve_attention  # noqa: E402
+from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
+from lightning_modules.parallel import ParallelConfig, parallelize  # noqa: E402
+from lightning_modules.transformer import Transformer  # noqa: E402
+
+STEPS = 3
+
+
+def configs(args: argparse.Namespace) -> tuple[Any, Any, memory.Setup]:
+    model, attention = costs.load_configs(
+        [costs.fragment("model", args.size), costs.fragment("attention", args.attention)]
+    )
+    overrides = {k: v for k, v in (("seq_len", args.seq_len), ("vocab_size", args.vocab_size)) if v}
+    model = dataclasses.replace(model, **overrides)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    setup = memory.Setup(
+        strategy=args.strategy,
+        world=world,
+        micro_batch=args.micro_batch,
+        precision=args.precision,
+        activation_checkpointing=args.activation_checkpointing,
+        optimizer=args.optimizer,
+    )
+    return model, resolve_attention(model, attention), setup
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Peak bytes of live tensors in this process over a step (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, attention, setup = configs(args)
+    mesh = None
+    if setup.sharded:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (setup.world,))
+    mixed = setup.precision == "bf16-mixed"
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.manual_seed(0)
+        net = Transformer(model, attention)
+        parallel = ParallelConfig(activation_checkpointing=setup.activation_checkpointing)
+        parallelize(net, parallel, mesh, torch.bfloat16 if mixed and mesh is not None else None)
+        optimizer = build_optimizer(net, OptimizerConfig(name=setup.optimizer, lr=0.02, embed_lr=0.2))
+        tokens = torch.randint(0, model.vocab_size, (setup.micro_batch, model.seq_len + 1))
+        marks = []
+        for _ in range(STEPS):
+            marks.append(time.time_ns())
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+                logits = net(tokens[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            del logits
+            loss.backward()
+            del loss
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        marks.append(time.time_ns())
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for at, nbytes in events:
+        live += nbytes
+        if at >= marks[1]:  # steps 2 and 3: the optimiser state exists
+            peak = max(peak, live)
+    planned = memory.plan(model, attention, setup)
+    row = {
+        "size": model.name,
+        "attention": attention.label(),
+        "strategy": setup.strategy,
+        "world": setup.world,
+        "micro_batch": setup.micro_batch,
+        "seq_len": model.seq_len,
+        "vocab": model.padded_vocab_size,
+        "precision": setup.precision,
+        "activation_checkpointing": setup.activation_checkpointing,
+        "optimizer": setup.optimizer,
+        "measured_peak": peak,
+        "planned_peak": planned.peak,
+        "planned_at": planned.peak_at,
+        "ratio": round(planned.peak / peak, 3),
+        "plan": planned.as_dict(),
+    }
+    if mesh is not None:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * setup.world
+        dist.all_gather_object(gathered, peak)
+        row["measured_peak_per_rank"] = gathered
+        dist.barrier()
+        dist.destroy_process_group()
+    return row
+
+
+# Single process and 2 gloo ranks, both precisions, with and without checkpointing: BENCHMARKS.md's rows.
+ALL = [
+    ["--size", "nano", "--attention", "mha", "--micro-batch", "8", "--seq-len", "128"],
+    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "128"],
+    ["--size", "nano", "--attention", "mla", "--micro-batch", "8", "--seq-len", "128", "--activation-checkpointing"],
+    ["--size", "nano", "--attention", "gqa", "--micro-batch", "4", "--seq-len", "64", "--precision", "bf16-mixed"],
+    # a small vocabulary, so that the blocks and not the head set the peak
+    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256"],
+    ["--size", "nano", "--attention", "mqa", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
+     "--activation-checkpointing"],
+    ["--size", "nano", "--attention", "mla", "--micro-batch", "4", "--seq-len", "64", "--vocab-size", "256",
+     "--precision", "bf16-mixed", "--activation-checkpointing"],
+    ["--size", "nano", "--attention", "mha", "--micro-batch", "8", "--seq-len", "128", "--strategy", "fsdp"],
+    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
+     "--strategy", "fsdp"],
+    ["--size", "nano", "--attention", "gqa", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
+     "--strategy", "fsdp", "--activation-checkpointing"],
+]  # fmt: skip
+
+
+def run_row(argv: list[str]) -> dict[str, Any]:
+    """One measurement in a fresh process (2 ranks under torchrun for fsdp), its JSON row back."""
+    fsdp = "fsdp" in argv
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    command = [*(launcher if fsdp else [sys.executable]), __file__, *argv, "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def line(r: dict[str, Any]) -> str:
+    where = r["strategy"] + (f" x {r['world']}" if r["world"] > 1 else "")
+    return (
+        f"| {r['size']} | {r['attention']} | {where} | {r['micro_batch']} x {r['seq_len']} | {r['precision']} | "
+        f"{'on' if r['activation_checkpointing'] else 'off'} | {r['measured_peak'] / 2**20:.2f} | "
+        f"{r['planned_peak'] / 2**20:.2f} | {r['ratio']:.3f} | {r['planned_at']} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="nano")
+    parser.add_argument("--attention", default="mha")
+    parser.add_argument("--strategy", choices=["single", "fsdp"], default="single")
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--precision", choices=memory.PRECISIONS, default="32-true")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--optimizer", choices=memory.OPTIMIZERS, default="muon")
+    parser.add_argument("--all", action="store_true", help="every row of BENCHMARKS.md, a table")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.all:
+        print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch", torch.__version__)
+        print(
+            "| size | attention | strategy | batch | precision | AC | measured MiB | plan MiB | plan / measured | plan's peak at |"
+        )
+        print("|" + "---|" * 10)
+        for row_args in ALL:
+            print(line(run_row(row_args)), flush=True)
+        return 0
+    row = measure(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(row) if args.json else line(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
