@@ -18,7 +18,8 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
   same single-token steps, and the baseline just before them (model + filled caches + runtime). CUDA:
   max_memory_allocated and memory_allocated; CPU: the process's peak resident set (VmHWM, reset through
   /proc/self/clear_refs) and its resident set (VmRSS), which include Python and torch themselves.
-The device is auto-detected: CUDA in bf16 when available, else CPU in fp32 (fidelity is fp32 everywhere).
+The device is auto-detected (CUDA when available); the weights are bf16 where the hardware has native bf16,
+else fp32 (lightning_modules/precision.py; --precision overrides). Fidelity is measured in fp32 everywhere.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from lightning_modules import costs
+from lightning_modules import costs, precision
 from lightning_modules.attention.cache import LayerCache, caches_nbytes
 from lightning_modules.config import AttentionConfig, ModelConfig
 from lightning_modules.transformer import Transformer
@@ -76,7 +77,7 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
     model, attention = costs.load_configs(
         [costs.fragment("model", args.size), costs.fragment("attention", kind)]
     )
-    net = build(model, attention, device, args.seed).to(run_dtype(device))
+    net = build(model, attention, device, args.seed).to(run_dtype(args, device))
     step = prepare_steps(net, context, args.batch, args.chunk, device)
     timed(step, 3, device)
     baseline = reset_peak(device)
@@ -89,6 +90,7 @@ def measure_memory(args: argparse.Namespace, kind: str, context: int) -> dict[st
     command = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", kind, str(context)]
     command += ["--size", args.size, "--batch", str(args.batch), "--steps", str(args.steps)]
     command += ["--chunk", str(args.chunk), "--seed", str(args.seed), "--device", args.device]
+    command += ["--precision", args.precision]
     if args.threads:
         command += ["--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -237,13 +239,13 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def run_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def run_dtype(args: argparse.Namespace, device: torch.device) -> torch.dtype:
+    return precision.weights_dtype(args.precision, device)
 
 
 def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = pick_device(args.device)
-    dtype = run_dtype(device)
+    dtype = run_dtype(args, device)
     contexts = args.context or (GPU_CONTEXTS if device.type == "cuda" else CPU_CONTEXTS)
     nets: dict[str, Transformer] = {}
     common: dict[str, dict[str, Any]] = {}
@@ -331,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    precision.add_flag(parser)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     parser.add_argument(
         "--no-memory", dest="memory", action="store_false", help="skip the peak-memory child processes"

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_modules import costs
+from lightning_modules import costs, precision
 from lightning_modules.attention import kernel
 from lightning_modules.config import resolve_attention
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
@@ -95,7 +94,7 @@ def measure(
         )
 
         def step() -> None:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 logits = net(tokens[:, :-1])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
             loss.backward()
@@ -161,17 +160,19 @@ def compare(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
+def environment(device: torch.device, argv: list[str], bf16: bool) -> dict[str, Any]:
     try:
         import flash_attn  # type: ignore[import-not-found]
 
         flash = flash_attn.__version__
     except ImportError:
         flash = None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    hardware = precision.detect(device.type)
     return {
         "date": time.strftime("%Y-%m-%d"),
-        "device": name,
+        "device": hardware.name,
+        "hardware": hardware.capability,
+        "precision": "bf16 autocast" if bf16 else "fp32",
         "torch": torch.__version__,
         "flash_attn": flash,
         "command": " ".join(["python", "benchmarks/gpu.py", *argv]),
@@ -208,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="rows after this are skipped")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:] if argv is None else argv
+    precision.add_flag(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    args.bf16 = precision.uses_bf16(precision.from_flag(args.precision, precision.detect(device.type)))
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
             "benchmarks/gpu.py: no CUDA device here; the GPU figures stay pending in BENCHMARKS.md.",
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
     rows = [r for r in rows if r["status"] != "skipped"] + [r for r in rows if r["status"] == "skipped"]
     verdicts = compare([r for r in rows if r["status"] != "skipped"])
-    env = environment(device, argv)
+    env = environment(device, argv, args.bf16)
     if "flash" in args.kernels and kernel.flash_attn_func is None:
         verdicts.insert(0, "NOTE flash-attn not installed (pip install .[flash]): SDPA rows only")
     if args.json:

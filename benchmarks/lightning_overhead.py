@@ -1,9 +1,10 @@
 """What the framework costs: tokens/s of a nano fit through Lightning (main.py, real shards, every callback,
 MLflow logging) against the bare decoder's training loop at the same config, in the same process.
 
-    python benchmarks/lightning_overhead.py [--attention lrkv] [--steps 60] [--json]
+    python benchmarks/lightning_overhead.py [--attention lrkv] [--steps 60] [--precision auto|bf16|fp32] [--json]
 
-Both use the same model, optimiser (MuonAdamW in AdamW mode with the warmup-cosine schedule), bf16 autocast,
+Both use the same model, optimiser (MuonAdamW in AdamW mode with the warmup-cosine schedule), precision (bf16
+autocast or fp32; auto follows lightning_modules/precision.py),
 gradient clipping, batch (16 x 256 tokens) and thread count. The bare loop reads random tokens (no data
 loading); the Lightning figure is the median of its per-step train/tokens_per_s after a warm-up, so it
 includes data loading, logging and callbacks but not start-up or validation.
@@ -26,12 +27,13 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lightning_modules import precision  # noqa: E402
 from lightning_modules.cli import main as cli_main  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule  # noqa: E402
 
 
 def bare_tokens_per_s(
-    model: torch.nn.Module, batch: int, seq_len: int, vocab: int, steps: int, warmup: int
+    model: torch.nn.Module, batch: int, seq_len: int, vocab: int, steps: int, warmup: int, bf16: bool
 ) -> float:
     optimizer = build_optimizer(model, OptimizerConfig(lr=3e-3, warmup_steps=20))
     schedule = build_schedule(optimizer, OptimizerConfig(lr=3e-3, warmup_steps=20), steps + warmup)
@@ -39,7 +41,7 @@ def bare_tokens_per_s(
     times = []
     for i in range(steps + warmup):
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         loss.backward()
@@ -53,8 +55,10 @@ def bare_tokens_per_s(
 
 
 def lightning_tokens_per_s(
-    attention: str, steps: int, warmup: int, data_dir: str
+    attention: str, steps: int, warmup: int, data_dir: str, trainer_precision: str | None
 ) -> tuple[float, torch.nn.Module]:
+    """Median tokens/s of a nano fit through main.py; trainer_precision None keeps the CLI's own choice."""
+    chosen = [] if trainer_precision is None else ["--trainer.precision", trainer_precision]
     cwd = Path.cwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # checkpoints/ and the store land in the temporary folder
@@ -71,6 +75,7 @@ def lightning_tokens_per_s(
                 "--trainer.limit_val_batches", "0",
                 "--trainer.log_every_n_steps", "1",
                 "--trainer.enable_progress_bar", "false",
+                *chosen,
             ]
         )  # fmt: skip
         from mlflow.tracking import MlflowClient
@@ -91,14 +96,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--data-dir", default=str(ROOT / "artifacts/shakespeare"))
     parser.add_argument("--json", action="store_true")
+    precision.add_flag(parser)
     args = parser.parse_args()
-    lightning, module = lightning_tokens_per_s(args.attention, args.steps, args.warmup, args.data_dir)
+    hardware = precision.detect("cpu")
+    choice = precision.from_flag(args.precision, hardware)
+    lightning, module = lightning_tokens_per_s(
+        args.attention, args.steps, args.warmup, args.data_dir, choice.precision
+    )
     arch = module.arch
     torch.manual_seed(0)
     from lightning_modules.transformer import Transformer
 
     bare = bare_tokens_per_s(
-        Transformer(arch, module.attention), 16, arch.seq_len, arch.vocab_size, args.steps, args.warmup
+        Transformer(arch, module.attention),
+        16,
+        arch.seq_len,
+        arch.vocab_size,
+        args.steps,
+        args.warmup,
+        precision.uses_bf16(choice),
     )
     row = {
         "attention": module.attention.label(),
@@ -106,6 +122,9 @@ def main() -> None:
         "bare_tokens_per_s": round(bare, 1),
         "ratio": round(lightning / bare, 3),
         "threads": torch.get_num_threads(),
+        "precision": choice.precision,
+        "hardware": hardware.capability,
+        "cpu": hardware.name,
     }
     print(json.dumps(row) if args.json else "\n".join(f"{k}: {v}" for k, v in row.items()))
 

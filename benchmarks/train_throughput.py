@@ -2,6 +2,7 @@
 
     python benchmarks/train_throughput.py                     # nano and 20m, every attention
     python benchmarks/train_throughput.py --vs litgpt --json  # pair mha/gqa/mqa with litgpt's GPT
+    python benchmarks/train_throughput.py --precision fp32    # auto (default): bf16 only where it is native
 
 With --vs litgpt, our mha, gqa and mqa are paired with litgpt's GPT at identical shapes (layers, width,
 heads, kv groups, head size, vocabulary, no biases, RMSNorm, QK-norm, a 4d MLP) in the same process, and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_modules import costs
+from lightning_modules import costs, precision
 from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
 from lightning_modules.transformer import Transformer
 
@@ -128,6 +130,8 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
                 "ref_tokens_per_s": round(ref_rate, 1) if ref_rate else None,
                 "ratio": round(rate / ref_rate, 3) if ref_rate else None,
                 "vs_our_mha": round(rate / mha_rate, 3),
+                "precision": "bf16" if args.bf16 else "fp32",
+                "hardware": args.hardware,
             }
         )
     return rows
@@ -145,9 +149,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (median taken)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--fp32", dest="bf16", action="store_false", help="disable bf16 autocast")
+    precision.add_flag(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    hardware = precision.detect("cpu")
+    args.hardware = hardware.capability
+    args.bf16 = precision.uses_bf16(precision.from_flag(args.precision, hardware))
+    print(
+        f"# {hardware.name} ({hardware.capability}), {'bf16 autocast' if args.bf16 else 'fp32'}, "
+        f"{torch.get_num_threads()} threads",
+        file=sys.stderr,
+    )
     rows = [row for size in args.sizes for row in bench_size(size, args)]
     if args.json:
         print(json.dumps(rows, indent=1))

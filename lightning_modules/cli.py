@@ -3,6 +3,8 @@
 - the data manifest's vocabulary size is written into model.arch.vocab_size, and a model.arch.seq_len that
   differs from the manifest's is an error (shards are packed at one length);
 - seed_everything also seeds the data order;
+- trainer.precision, when not set, is chosen by the hardware (lightning_modules/precision.py), printed once
+  and tagged on the MLflow run;
 - the MLflow logger gets the store (./mlruns SQLite or MLFLOW_TRACKING_URI), the run name
   `{size}-{label}-seed{seed}` and its tags; the store is checked before the first step;
 - checkpoints go to checkpoints/<run name>-<time> unless a dirpath is given; a run resumed or evaluated
@@ -20,12 +22,12 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 from lightning.fabric.utilities.load import _METADATA_FILENAME
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
-from lightning_modules import costs, tracking
+from lightning_modules import costs, precision, tracking
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
 from lightning_modules.language_model import Budget, LanguageModel
 from lightning_modules.optim.setup import OptimizerConfig
@@ -107,8 +109,21 @@ class LanguageModelCLI(LightningCLI):
         except ConfigError as e:
             self.parser.error(str(e))
         name = tracking.run_name(arch, attention, cfg.seed_everything)
+        self._choose_precision(cfg)
         self._configure_logger(cfg, arch, attention, name)
         self._configure_checkpoints(cfg, name)
+
+    def _choose_precision(self, cfg: Namespace) -> None:
+        hardware = precision.detect(cfg.trainer.get("accelerator"))
+        choice = precision.choose(cfg.trainer.get("precision"), hardware)
+        cfg.trainer.precision = choice.precision
+        self._precision_tags = {
+            "precision": choice.precision,
+            "precision_source": choice.source,
+            "hardware": hardware.capability,
+            "hardware_name": hardware.name,
+        }
+        rank_zero_info(precision.describe(choice))
 
     def _link_manifest(self, cfg: Namespace) -> None:
         manifest_path = Path(cfg.data.data_dir) / "manifest.json"
@@ -142,7 +157,7 @@ class LanguageModelCLI(LightningCLI):
             tags = tracking.run_tags(
                 arch, attention, cfg.seed_everything, _budget_label(cfg.model.get("budget"))
             )
-            args.tags = {**tags, **(args.get("tags") or {})}
+            args.tags = {**tags, **self._precision_tags, **(args.get("tags") or {})}
             ckpt_path = cfg.get("ckpt_path")
             if ckpt_path and not args.get("run_id"):
                 args.run_id = _checkpoint_run_id(Path(ckpt_path))

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import torch
 from tokenizers import Tokenizer
 
+from lightning_modules import precision
 from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
 from lightning_modules.generation import Sampling, check_lengths, generate
 from lightning_modules.transformer import Transformer
@@ -148,9 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--data-dir", default=None, help="data directory (default: the checkpoint's data_dir)"
     )
     parser.add_argument("--ignore-eot", action="store_true", help="do not stop at the end-of-text token")
-    parser.add_argument(
-        "--device", default="auto", help="auto (cuda when available, bf16 there), cpu or cuda"
-    )
+    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    precision.add_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = Sampling(args.temperature, args.top_k, args.greedy)
         model, ckpt = load_model(args.ckpt, device)
-        if device.type == "cuda":
-            model = model.to(torch.bfloat16)
+        model = model.to(precision.weights_dtype(args.precision, device))
         data_dir = args.data_dir or (ckpt.get("datamodule_hyper_parameters") or {}).get("data_dir")
         if data_dir is None:
             raise GenerateError(f"{args.ckpt}: no datamodule_hyper_parameters.data_dir; pass --data-dir")
