@@ -73,7 +73,7 @@ def fsdp_runs(tiny_shards: Path, store: tuple[Path, str]) -> Path:
     work, uri = store
     out = work / "fsdp"
     strategy = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", "2"]
-    launch([[sys.executable, *driver(tiny_shards, out, KINDS), *strategy]], work, uri)
+    launch([[sys.executable, *driver(tiny_shards, out, KINDS), *strategy]], work, uri, timeout=900)  # 20 fits
     return out
 
 
