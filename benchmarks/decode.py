@@ -39,8 +39,9 @@ from typing import Any
 import torch
 
 from lightning_modules import costs, precision
+from lightning_modules.attention import AttentionConfig, names
 from lightning_modules.attention.cache import LayerCache, caches_nbytes
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.config import ModelConfig
 from lightning_modules.transformer import Transformer
 
 CPU_CONTEXTS = (128, 256, 512, 1024, 2048)
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size", default="nano", help="conf/model/<size>.yaml (default nano)")
-    parser.add_argument("--attention", nargs="+", default=list(costs.ATTENTIONS), choices=costs.ATTENTIONS)
+    parser.add_argument("--attention", nargs="+", default=list(names()), choices=names())
     parser.add_argument("--context", type=int, nargs="+", default=None, help="decode contexts S (positions)")
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
     parser.add_argument("--steps", type=int, default=32, help="timed steps per repeat (default 32)")

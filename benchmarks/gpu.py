@@ -16,9 +16,9 @@ dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch'
 The kernel is chosen by lightning_modules/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
 "flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal
 q/k and v head dims, always runs SDPA, so it has one row). LRKV is measured on both training paths
-(DESIGN.md: keep the faster). A size or row that does not fit in memory is reported as "oom".
+(docs/attentions.md: both lrkv paths are measured). A size or row that does not fit in memory is reported as "oom".
 
-Targets (issue 5): mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
+Targets: mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
 at the same size (best kernel each). Without CUDA the script says so and exits 0: the GPU figures stay
 pending in BENCHMARKS.md.
 """
@@ -38,13 +38,11 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules import costs, precision
-from lightning_modules.attention import kernel
-from lightning_modules.config import resolve_attention
+from lightning_modules.attention import REGISTRY, kernel, names, resolve_attention
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
 from lightning_modules.throughput import device_peak_flops
 from lightning_modules.transformer import Transformer
 
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
 MICRO_BATCH = {"128m": 16, "1b": 8, "2.5b": 8, "6.3b": 8}  # conf/recipe/<size>.yaml
 MFU_TARGET = 0.45
 VS_MHA_TARGET = 0.90
@@ -63,10 +61,11 @@ def kernel_choice(name: str) -> Iterator[None]:
 
 
 def variants() -> list[tuple[str, str | None]]:
+    """(kind, training path or None) for every registered attention and each of its training paths."""
     return [
-        (kind, path)
-        for kind in KINDS
-        for path in (("factorized", "materialized") if kind == "lrkv" else (None,))
+        (kind, next(iter(override.values()), None))
+        for kind in names()
+        for override in REGISTRY[kind].train_paths().values()
     ]
 
 
@@ -76,8 +75,9 @@ def measure(
     model, attention = costs.load_configs([costs.fragment("model", size), costs.fragment("attention", kind)])
     if args.seq_len:
         model = dataclasses.replace(model, seq_len=args.seq_len)
+    path_knob = REGISTRY[kind].train_path_knob
     attention = resolve_attention(
-        model, dataclasses.replace(attention, lrkv_path=path) if path else attention
+        model, dataclasses.replace(attention, **{path_knob: path}) if path and path_knob else attention
     )
     batch = args.batch_size or MICRO_BATCH.get(size, 8)
     label = attention.label() + (f" ({path})" if path else "")

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lightning_modules import costs  # noqa: E402
-from lightning_modules.config import AttentionConfig  # noqa: E402
+from lightning_modules.attention import AttentionConfig  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
 from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize  # noqa: E402
 from lightning_modules.transformer import Transformer  # noqa: E402

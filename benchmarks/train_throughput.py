@@ -25,10 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules import costs, precision
-from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
+from lightning_modules.attention import (
+    REGISTRY,
+    AttentionConfig,
+    GroupedQueryAttention,
+    names,
+    resolve,
+    resolve_attention,
+)
+from lightning_modules.config import ModelConfig
 from lightning_modules.transformer import Transformer
-
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
 
 
 def litgpt_model(model: ModelConfig, n_kv_heads: int) -> nn.Module:
@@ -98,17 +104,15 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
     tokens = torch.randint(0, model.vocab_size, (args.batch_size, model.seq_len + 1))
     contenders: dict[str, Callable[[], None]] = {}
     configs: dict[str, AttentionConfig] = {}
-    for kind in KINDS:
-        paths = ("factorized", "materialized") if kind == "lrkv" else (None,)
-        for path in paths:
-            attention = AttentionConfig(kind=kind, lrkv_path=path)
-            label = resolve_attention(model, attention).label() + (f" ({path})" if path else "")
+    for kind in names():
+        for suffix, path in REGISTRY[kind].train_paths().items():
+            attention = AttentionConfig(kind=kind, **path)  # type: ignore[arg-type]
+            cls, knobs = resolve(model, attention)[1:]
+            label = resolve_attention(model, attention).label() + suffix
             configs[label] = attention
             contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
-            if args.vs == "litgpt" and kind in ("mha", "gqa", "mqa"):
-                n_kv = {"mha": model.n_head, "mqa": 1, "gqa": resolve_attention(model, attention).n_kv_heads}[
-                    kind
-                ]
+            if args.vs == "litgpt" and issubclass(cls, GroupedQueryAttention):  # litgpt has K/V heads only
+                n_kv = cls.kv_heads(model, knobs)
                 contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
     seconds = measure(contenders, args.steps, args.repeats, args.warmup)
     tokens_per_run = args.batch_size * model.seq_len * args.steps

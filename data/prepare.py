@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from data.errors import DataError, PrepareError
 from data.manifest import SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab, samples_for_stream
+from data.parallel_options import DistributedOptions, add_arguments, options_from
 from data.shards import shard_name, write_shard
 from data.sources import (
     SHAKESPEARE_DOC_CHARS,
@@ -58,6 +59,7 @@ class PrepareConfig:
     errors: str = "strict"
     txt_doc_chars: int | None = None  # default: SHAKESPEARE_DOC_CHARS for shakespeare, 0 (file = doc) else
     progress: bool = True
+    parallel: DistributedOptions | None = None  # --tasks: run on datatrove (data/distributed_prepare.py)
 
 
 def split_of(text_bytes: bytes, val_frac: float, test_frac: float) -> str:
@@ -312,6 +314,7 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         help="split .txt files at blank lines into ~N-char documents (default: 0, one document per file; 8192 for shakespeare)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_arguments(p)
     a = p.parse_args(argv)
     return PrepareConfig(
         out=a.out,
@@ -329,11 +332,16 @@ def parse_args(argv: Sequence[str] | None) -> PrepareConfig:
         errors=a.errors,
         txt_doc_chars=a.txt_doc_chars,
         progress=not a.no_progress,
+        parallel=options_from(p, a),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
+    if cfg.parallel is not None:
+        from data.distributed_prepare import main as distributed_main
+
+        return distributed_main(cfg, cfg.parallel)
     start = time.perf_counter()
     try:
         manifest = prepare(cfg)

@@ -9,13 +9,13 @@ so the last good checkpoint stays the newest.
 from __future__ import annotations
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_modules.lightning_api import last_saved_step, save_now
 
 
-class EndOfFitModelCheckpoint(_LightningModelCheckpoint):
+class EndOfFitModelCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_step > 0 and self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if trainer.global_step > 0 and last_saved_step(self) != trainer.global_step:
+            save_now(self, trainer)
         super().on_train_end(trainer, pl_module)

@@ -21,15 +21,16 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
 from lightning_modules import costs, precision, tracking
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.language_model import Budget, LanguageModel
+from lightning_modules.lightning_api import METADATA_FILENAME
 from lightning_modules.optim.setup import OptimizerConfig
 
 
@@ -45,7 +46,7 @@ def _checkpoint_run_id(path: Path) -> str | None:
     """The MLflow run that wrote a checkpoint: a single file, or a sharded FSDP directory whose non-tensor
     state sits in its metadata file."""
     if path.is_dir():
-        path = path / _METADATA_FILENAME
+        path = path / METADATA_FILENAME
     if not path.is_file():
         return None
     return torch.load(path, map_location="cpu", mmap=path.stat().st_size > 0, weights_only=False).get(

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_modules import costs, tracking
+from lightning_modules.attention import names
 from lightning_modules.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
 
 
 def run_one(size: str, kind: str, seed: int, data: str, budget: str, extra: list[str]) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m lightning_modules.compare", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--sizes", nargs="+", default=["nano"])
-    parser.add_argument("--attentions", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--attentions", nargs="+", default=list(names()), choices=names())
     parser.add_argument("--seeds", nargs="+", type=int, default=[7])
     parser.add_argument("--data", default=str(ROOT / "conf/data/shakespeare.yaml"), help="data fragment")
     parser.add_argument("--budget", default=str(ROOT / "conf/budget/demo.yaml"), help="budget fragment")

@@ -1,9 +1,9 @@
-"""Parameters, FLOPs and KV-cache bytes: pure functions of a config (DESIGN.md "Costs").
+"""Parameters, FLOPs and KV-cache bytes: pure functions of a config (docs/costs.md).
 
 Conventions, written once:
 - Parameters: total, embedding (input table + output head, the two V x d tables), non-embedding (the
-  rest), attention (every parameter inside the attention modules, norms included). Equal to
-  sum(p.numel()) of the built model (tests/test_costs.py).
+  rest), attention (every parameter inside the attention modules, norms included). Read from the decoder
+  built on the meta device, so they are its shapes, not a second formula (tests/test_costs.py).
 - Training FLOPs per token = 3 x forward, forward = 2 x (weights multiplied per token on the training path
   that runs, output head included, embedding lookup excluded) + 2 L T H (d_qk + d_v) for the attention
   scores and mixing over the full context T (not halved for causality: PaLM / nanoGPT / torchtitan).
@@ -11,8 +11,9 @@ Conventions, written once:
 - Decode FLOPs per token at context S: forward only, on the decode path each variant runs (Attention.decode:
   mla absorbed, lrkv exact with its keys rebuilt); equal to torch.utils.flop_counter's count of one
   decode step (tests/test_decode.py).
-- KV-cache bytes per token: bf16 (2 bytes) x cached elements per token x layers; equal to the bytes a bf16
-  generation's caches hold (tests/test_decode.py, benchmarks/decode.py).
+- KV-cache bytes per token: bf16 (2 bytes) x cached elements per token x layers, the elements read from the
+  default decode path's cache layout; equal to the bytes a bf16 generation's caches hold
+  (tests/test_decode.py, benchmarks/decode.py).
 
 `python -m lightning_modules.costs` prints these for every size x attention; see --help.
 """
@@ -23,16 +24,16 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from lightning_modules.attention import REGISTRY
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+import torch
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from lightning_modules.attention import AttentionConfig, load_configs, names, resolve
+from lightning_modules.config import ConfigError, ModelConfig, fragment
+
 PAPER_SIZES = ("128m", "1b", "2.5b", "6.3b")
 TABLE_SIZES = ("nano", *PAPER_SIZES)
-ATTENTIONS = ("mha", "mqa", "gqa", "mla", "lrkv")
+BASELINE = "mha"  # what "vs MHA" columns divide by: the attention every other one is compared with
 CACHE_BYTES_PER_ELEMENT = 2  # bf16
 
 
@@ -45,26 +46,28 @@ class ParamCounts:
 
 
 def param_counts(model: ModelConfig, attention: AttentionConfig) -> ParamCounts:
-    attention = resolve_attention(model, attention)
-    cls = REGISTRY[attention.kind]
-    d, L = model.d_model, model.n_layer
-    attn = sum(cls.param_counts(model, attention))
-    mlp = 2 * d * model.mlp_ratio * d
-    block = attn + mlp + 2 * d  # two pre-norm gains
-    embedding = 2 * model.padded_vocab_size * d  # untied input table and output head
-    non_embedding = L * block + d  # final norm gain
-    return ParamCounts(embedding + non_embedding, embedding, non_embedding, L * attn)
+    from lightning_modules.transformer import Transformer  # late: transformer imports nothing from here
+
+    with torch.device("meta"):
+        net = Transformer(model, attention)
+
+    def numel(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    total = numel(net)
+    embedding = numel(net.embed) + numel(net.head)  # untied input table and output head
+    attn = sum(numel(block.attn) for block in net.blocks)
+    return ParamCounts(total, embedding, total - embedding, attn)
 
 
 def forward_flops_per_token(model: ModelConfig, attention: AttentionConfig, tokens_per_forward: int) -> float:
-    attention = resolve_attention(model, attention)
-    cls = REGISTRY[attention.kind]
+    cls, knobs = resolve(model, attention)[1:]
     d, L, H, T = model.d_model, model.n_layer, model.n_head, model.seq_len
-    d_qk, d_v = cls.score_dims(model, attention)
-    matmul = L * (cls.train_matmul_flops_per_token(model, attention) + 2 * 2 * d * model.mlp_ratio * d)
+    d_qk, d_v = cls.score_dims(model, knobs)
+    matmul = L * (cls.train_matmul_flops_per_token(model, knobs) + 2 * 2 * d * model.mlp_ratio * d)
     head = 2 * d * model.padded_vocab_size
     scores = L * 2 * T * H * (d_qk + d_v)
-    per_forward = L * cls.per_forward_flops(model, attention) / tokens_per_forward
+    per_forward = L * cls.per_forward_flops(model, knobs) / tokens_per_forward
     return matmul + head + scores + per_forward
 
 
@@ -77,26 +80,24 @@ def train_flops_per_token(
 
 
 def decode_flops_per_token(model: ModelConfig, attention: AttentionConfig, context: int) -> int:
-    attention = resolve_attention(model, attention)
-    cls = REGISTRY[attention.kind]
+    cls, knobs = resolve(model, attention)[1:]
     d = model.d_model
-    per_layer = cls.decode_flops_per_token(model, attention, context) + 2 * 2 * d * model.mlp_ratio * d
+    per_layer = cls.decode_flops_per_token(model, knobs, context) + 2 * 2 * d * model.mlp_ratio * d
     return model.n_layer * per_layer + 2 * d * model.padded_vocab_size
 
 
 def kv_cache_bytes_per_token(model: ModelConfig, attention: AttentionConfig) -> int:
-    attention = resolve_attention(model, attention)
-    elements = REGISTRY[attention.kind].cache_elements_per_token(model, attention)
-    return CACHE_BYTES_PER_ELEMENT * elements * model.n_layer
+    cls, knobs = resolve(model, attention)[1:]
+    return CACHE_BYTES_PER_ELEMENT * cls.cache_elements_per_token(model, knobs) * model.n_layer
 
 
 def mha_cache_bytes_per_token(model: ModelConfig) -> int:
-    return kv_cache_bytes_per_token(model, AttentionConfig(kind="mha"))
+    return kv_cache_bytes_per_token(model, AttentionConfig(kind=BASELINE))
 
 
 def cost_row(model: ModelConfig, attention: AttentionConfig, context: int | None = None) -> dict[str, Any]:
     """Every cost of one size x attention as a flat dict (the --json row; also logged to MLflow)."""
-    attention = resolve_attention(model, attention)
+    attention, cls, knobs = resolve(model, attention)
     context = context or model.seq_len
     params = param_counts(model, attention)
     cache = kv_cache_bytes_per_token(model, attention)
@@ -114,54 +115,18 @@ def cost_row(model: ModelConfig, attention: AttentionConfig, context: int | None
         "kv_cache_bytes_per_token": cache,
         "kv_cache_vs_mha": cache / mha_cache_bytes_per_token(model),
     }
-    if attention.kind == "mla":
-        # The paper counts MLA's latent only, d_c / (2 H d_h) (PAPER.md); we cache the RoPE key too.
-        assert attention.kv_latent_dim is not None
-        row["kv_cache_vs_mha_paper_convention"] = attention.kv_latent_dim / (
-            2 * model.n_head * model.head_dim
-        )
+    row.update(cls.extra_costs(model, knobs))
     return row
-
-
-# ----- composing configs from conf/ fragments, as LightningCLI does -------------------------------------
-def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-    return into
-
-
-def load_configs(paths: list[str | Path]) -> tuple[ModelConfig, AttentionConfig]:
-    """Compose YAML fragments in order (later keys win) and build model.arch and model.attention from them."""
-    import yaml
-
-    merged: dict[str, Any] = {}
-    for path in paths:
-        with open(path) as f:
-            _merge(merged, yaml.safe_load(f) or {})
-    section = merged.get("model", {})
-    try:
-        return ModelConfig(**section.get("arch", {})), AttentionConfig(**section.get("attention", {}))
-    except TypeError as e:  # an unknown key: name it as the config path
-        raise ConfigError(f"model.arch / model.attention: {e}") from e
-
-
-def fragment(kind: str, name: str) -> Path:
-    path = CONF_DIR / kind / f"{name}.yaml"
-    if not path.exists():
-        allowed = sorted(p.stem for p in (CONF_DIR / kind).glob("*.yaml"))
-        raise ConfigError(f"no conf/{kind}/{name}.yaml; allowed: {', '.join(allowed)}")
-    return path
 
 
 def default_rows(context: int | None) -> list[dict[str, Any]]:
     rows = []
     for size in TABLE_SIZES:
-        for kind in ATTENTIONS:
-            model, attention = load_configs([fragment("model", size), fragment("attention", kind)])
-            rows.append(cost_row(model, attention, context))
+        for kind in names():
+            # The kind alone: conf/attention/<kind>.yaml sets nothing else, and a kind registered without a
+            # fragment (tests/test_registry.py) still gets its row.
+            model = load_configs([fragment("model", size)])[0]
+            rows.append(cost_row(model, AttentionConfig(kind=kind), context))
     return rows
 
 
@@ -187,7 +152,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         )
     lines.append(
         "train F/tok: forward+backward FLOPs per token at the size's full context; decode F/tok: one new token "
-        "at that context; KV B/tok: bf16 cache bytes per token, all layers (DESIGN.md, Costs)."
+        "at that context; KV B/tok: bf16 cache bytes per token, all layers (docs/costs.md)."
     )
     return "\n".join(lines)
 

@@ -20,7 +20,8 @@ import torch
 from tokenizers import Tokenizer
 
 from lightning_modules import precision
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
+from lightning_modules.attention import AttentionConfig
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.generation import Sampling, check_lengths, generate
 from lightning_modules.transformer import Transformer
 

@@ -2,7 +2,7 @@
 
 Every training step adds the tokens it trained on and their FLOPs (costs.py, on the path that runs) to
 counters that travel in the checkpoint, so curves can be drawn against tokens or against compute and a
-budget in either sets the number of steps (DESIGN.md "Costs").
+budget in either sets the number of steps (docs/costs.md).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightning_modules import costs
-from lightning_modules.attention import kernel
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, kernel, resolve_attention
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
 from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize, param_dtype_for
 from lightning_modules.transformer import Transformer
@@ -78,7 +78,7 @@ class LanguageModel(L.LightningModule):
         self.optim_config: OptimizerConfig = _as(OptimizerConfig, optimizer) or OptimizerConfig()
         self.budget: Budget = _as(Budget, budget) or Budget()
         self.parallel: ParallelConfig = _as(ParallelConfig, parallel) or ParallelConfig()
-        # logger=False: the CLI logs the whole merged config once (mlflow_config.py), not this subset.
+        # logger=False: the CLI logs the whole merged config once (cli.MLflowConfigCallback), not this subset.
         self.save_hyperparameters(logger=False)
         self.model = Transformer(self.arch, self.attention)
         self.tokens_seen = 0
@@ -125,7 +125,7 @@ class LanguageModel(L.LightningModule):
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ConfigError("trainer.max_steps or model.budget must set the training length")
 
-    # ----- parallelism (DESIGN.md "Scale"; lightning_modules/parallel.py) ----------------------------
+    # ----- parallelism (docs/architecture.md, "Scale"; lightning_modules/parallel.py) ----------------------------
     def configure_model(self) -> None:
         """Shard the built decoder with FSDP2 when the strategy gives a device mesh (FSDP2Strategy), and
         checkpoint each block's activations if asked, whatever the strategy. Lightning calls this hook in
@@ -134,7 +134,9 @@ class LanguageModel(L.LightningModule):
             return
         if self.device_mesh is None:
             unused = self.parallel.sharding_settings_changed()
-            if unused:  # DESIGN.md "Style": a knob that cannot apply is an error, not silently ignored
+            if (
+                unused
+            ):  # docs/architecture.md, "Style": a knob that cannot apply is an error, not silently ignored
                 raise ConfigError(
                     f"{', '.join(unused)}: only a sharded strategy uses this; compose conf/strategy/fsdp.yaml "
                     "or conf/strategy/hybrid-fsdp.yaml"

@@ -1,5 +1,5 @@
 """The decoder's building blocks other than attention: RMSNorm, RoPE and the ReLU^2 MLP (nanochat style,
-PAPER.md "Training recipe": pre-norm RMSNorm, RoPE, ReLU^2 MLP of width 4d, no biases)."""
+docs/paper-errata.md, "Recipe": pre-norm RMSNorm, RoPE, ReLU^2 MLP of width 4d, no biases)."""
 
 from __future__ import annotations
 

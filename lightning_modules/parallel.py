@@ -1,6 +1,6 @@
 """How the decoder is spread over devices: FSDP2 sharding, its precision, and activation checkpointing.
 
-DESIGN.md "Scale": FSDP is torch's FSDP2 (`fully_shard`) applied per decoder block, through Lightning's
+docs/architecture.md, "Scale": FSDP is torch's FSDP2 (`fully_shard`) applied per decoder block, through Lightning's
 ModelParallelStrategy (lightning_modules/strategy.py gives a 1-D data-parallel mesh over every rank).
 `parallelize` shards bottom-up: each block, the token embedding, then the Transformer itself (the root,
 which keeps the final norm and the output head). With sharding "hybrid" the mesh becomes 2-D,

@@ -4,7 +4,7 @@ ModelParallelStrategy builds a (data_parallel, tensor_parallel) device mesh and 
 `configure_model`, where LanguageModel applies fully_shard (lightning_modules/parallel.py). Its "auto" sizes
 mean (nodes, devices per node), a 2-D data x tensor parallel layout; the decoder has no tensor-parallel
 plan, so every rank is a data-parallel rank here, whatever the number of nodes and devices. A YAML file
-cannot write "world size", hence this subclass (DESIGN.md "Scale"). Everything else, including the sharded
+cannot write "world size", hence this subclass (docs/architecture.md, "Scale"). Everything else, including the sharded
 distributed checkpoint directories and their loading on resume, is Lightning's own.
 """
 

@@ -1,7 +1,7 @@
 """Tokens per second and model FLOPs utilisation, logged every training step.
 
 MFU = achieved training FLOPs per second (costs.py convention) / the device's peak dense bf16 rate from our
-own table (DESIGN.md: never the sparsity figure). On a device not in the table MFU is not logged, and the
+own table (docs/costs.md, "MFU": never the sparsity figure). On a device not in the table MFU is not logged, and the
 run says so once.
 """
 

@@ -1,6 +1,6 @@
 """MLflow conventions: where the store is, what a run is called and tagged, and a reachability check.
 
-Default store: embedded SQLite under ./mlruns (DESIGN.md "Tracking"; MLflow 3 deprecates the file store and
+Default store: embedded SQLite under ./mlruns (docs/tracking.md; MLflow 3 deprecates the file store and
 Lightning's MLFlowLogger would default to it, so a URI is always passed). MLFLOW_TRACKING_URI overrides.
 """
 
@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.config import KNOBS, AttentionConfig, ModelConfig
+from lightning_modules.attention import AttentionConfig, knob_values
+from lightning_modules.config import ModelConfig
 
 EXPERIMENT = "lrkv-lab"
 
@@ -80,8 +81,7 @@ def run_tags(model: ModelConfig, attention: AttentionConfig, seed: Any, budget: 
         "budget": budget,
         "git_commit": git_commit(),
     }
-    for knob in KNOBS:
-        value = getattr(attention, knob)
+    for knob, value in knob_values(attention).items():
         if value is not None:
             tags[f"knob.{knob}"] = str(value)
     return tags

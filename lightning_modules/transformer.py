@@ -1,7 +1,7 @@
 """The decoder as plain torch (no Lightning): pre-norm blocks whose attention is chosen by config.
 
 tokens (B, T) -> embedding (B, T, d) -> L x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> head (B, T, V)
-Untied input and output embeddings, no biases (PAPER.md "Training recipe").
+Untied input and output embeddings, no biases (docs/architecture.md).
 
 Decoding is a separate entry point, `decode(tokens, caches)`, so that the training forward stays exactly as
 it was: `new_caches` makes one cache per layer (lightning_modules/attention/cache.py), the caller owns them
@@ -15,17 +15,17 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.attention import REGISTRY
+from lightning_modules.attention import AttentionConfig, Resolved, resolve
 from lightning_modules.attention.cache import LayerCache
-from lightning_modules.config import AttentionConfig, ModelConfig, resolve_attention
+from lightning_modules.config import ModelConfig
 from lightning_modules.layers import MLP, RMSNorm, RotaryEmbedding
 
 
 class Block(nn.Module):
-    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+    def __init__(self, model: ModelConfig, attention: Resolved) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(model.d_model, model.norm_eps)
-        self.attn = REGISTRY[attention.kind](model, attention)
+        self.attn = attention.variant(model, attention.knobs)
         self.mlp_norm = RMSNorm(model.d_model, model.norm_eps)
         self.mlp = MLP(model.d_model, model.mlp_ratio * model.d_model)
 
@@ -42,13 +42,14 @@ class Transformer(nn.Module):
     def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
         super().__init__()
         self.config = model
-        self.attention_config = resolve_attention(model, attention)
+        resolved = resolve(model, attention)
+        self.attention_config = resolved.config
         vocab = model.padded_vocab_size
         self.embed = nn.Embedding(vocab, model.d_model)
         self.rope = RotaryEmbedding(
-            REGISTRY[attention.kind].rope_dim(model, self.attention_config), model.seq_len, model.rope_base
+            resolved.variant.rope_dim(model, resolved.knobs), model.seq_len, model.rope_base
         )
-        self.blocks = nn.ModuleList(Block(model, self.attention_config) for _ in range(model.n_layer))
+        self.blocks = nn.ModuleList(Block(model, resolved) for _ in range(model.n_layer))
         self.norm = RMSNorm(model.d_model, model.norm_eps)
         self.head = nn.Linear(model.d_model, vocab, bias=False)
         self.init_weights()

@@ -7,9 +7,22 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.attention import AttentionConfig, names
+from lightning_modules.config import ModelConfig
 
-KINDS = ("mha", "mqa", "gqa", "mla", "lrkv")
+
+class _Registered:
+    """The registered attentions, read when iterated: a variant registered by a test (tests/test_registry.py)
+    is part of every suite parametrised over KINDS collected after it."""
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(names())
+
+
+KINDS = _Registered()
 
 NANO_DEFAULTS = {
     "gqa": {"n_kv_heads": 2},

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lightning_modules.attention import resolve
 from lightning_modules.attention.gqa import GroupedQueryAttention
 from lightning_modules.attention.lrkv import LowRankKVAttention
 from lightning_modules.attention.mla import MultiHeadLatentAttention
-from lightning_modules.config import resolve_attention
 from lightning_modules.layers import RotaryEmbedding
 from lightning_modules.transformer import Transformer
 from tests.helpers import KINDS, attn, causal_attention_reference, rms, rope_reference, tiny_model
@@ -26,11 +26,9 @@ def layer(kind: str, seed: int = 0, **knobs: object) -> torch.nn.Module:
     """One attention layer of the tiny size, with random (not identity) norm gains so that copying them
     is part of what the equivalences check."""
     m = tiny_model()
-    a = resolve_attention(m, attn(kind, **knobs))
+    resolved = resolve(m, attn(kind, **knobs))
     torch.manual_seed(seed)
-    from lightning_modules.attention import REGISTRY
-
-    module = REGISTRY[kind](m, a)
+    module = resolved.variant(m, resolved.knobs)
     module.init_weights(0.1, 0.1)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -41,10 +39,7 @@ def layer(kind: str, seed: int = 0, **knobs: object) -> torch.nn.Module:
 
 def rope_for(module: torch.nn.Module) -> RotaryEmbedding:
     m = tiny_model()
-    from lightning_modules.attention import REGISTRY
-
-    kind = module.config.kind
-    return RotaryEmbedding(REGISTRY[kind].rope_dim(m, module.config), m.seq_len)
+    return RotaryEmbedding(type(module).rope_dim(m, module.knobs), m.seq_len)
 
 
 def x_input(seed: int = 1) -> torch.Tensor:
@@ -181,13 +176,13 @@ def test_lrkv_paths_agree() -> None:
 
 
 def test_lrkv_residual_starts_near_a_tenth_of_shared() -> None:
-    """DESIGN.md: ||U_h B_h^T|| starts near 0.1 ||W_s||, at the paper's 128M shape."""
+    """docs/attentions.md: ||U_h B_h^T|| starts near 0.1 ||W_s||, at the paper's 128M shape."""
     from lightning_modules.config import ModelConfig
 
     m = ModelConfig(name="p", vocab_size=64, seq_len=8, n_layer=1, n_head=6, d_model=768, head_dim=128)
-    a = resolve_attention(m, attn("lrkv", rank=46))
+    knobs = resolve(m, attn("lrkv", rank=46)).knobs
     torch.manual_seed(0)
-    module = LowRankKVAttention(m, a)
+    module = LowRankKVAttention(m, knobs)
     module.init_weights(0.02, 0.02)
     _, w_ks, _, u_k, _ = lrkv_weights(module)
     shared = w_ks.norm()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
+from lightning_modules.attention import AttentionConfig, resolve
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.transformer import Transformer
 from tests.helpers import attn, tiny_model
 
@@ -51,7 +52,7 @@ def test_knob_given_to_a_kind_that_does_not_use_it(kind: str, knob: dict) -> Non
 
 def test_size_defaults_for_a_kind_must_be_its_knobs() -> None:
     with pytest.raises(ConfigError, match=r"model\.attention_defaults\.gqa: \['rank'\] not used by 'gqa'"):
-        tiny_model(attention_defaults={"gqa": {"rank": 4}})
+        resolve(tiny_model(attention_defaults={"gqa": {"rank": 4}}), attn("gqa"))
 
 
 def test_d_model_inconsistent_with_heads() -> None:

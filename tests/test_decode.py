@@ -15,9 +15,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_modules import costs
-from lightning_modules.attention import REGISTRY
+from lightning_modules.attention import AttentionConfig, names, resolve
 from lightning_modules.attention.cache import LayerCache, caches_nbytes
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.config import ModelConfig
 from lightning_modules.generate import GenerateError, load_model, load_tokenizer, main
 from lightning_modules.generation import Sampling, generate
 from lightning_modules.layers import RMSNorm
@@ -100,9 +100,10 @@ def test_measured_cache_bytes_equal_the_cost_model(kind: str, knobs: dict) -> No
             net.decode(toks[:, t : t + 1], caches)
     assert all(b.dtype == torch.bfloat16 for c in caches for b in c.buffers.values())
     assert caches_nbytes(caches) == costs.kv_cache_bytes_per_token(m, a) * n_tokens * batch
-    per_layer = REGISTRY[kind].cache_elements_per_token(m, a)
+    resolved = resolve(m, a)
+    per_layer = resolved.variant.cache_elements_per_token(m, resolved.knobs)
     assert all(c.elements_per_token() == per_layer for c in caches)
-    if kind != "mha":  # no variant but mha holds full per-head K/V
+    if kind != costs.BASELINE:  # no variant but mha holds full per-head K/V
         assert caches_nbytes(caches) < costs.mha_cache_bytes_per_token(m) * n_tokens * batch
 
 
@@ -134,7 +135,7 @@ def test_lrkv_exact_equals_materialised_per_head_kv(lrkv_path: str) -> None:
 def test_decode_flops_equal_torch_flop_counter(kind: str, knobs: dict) -> None:
     """One decode step at context S counted by torch equals costs.decode_flops_per_token(S).
 
-    The counter sees nothing of the default CPU SDPA kernel (DESIGN.md "Costs"), so the step runs under the
+    The counter sees nothing of the default CPU SDPA kernel (docs/costs.md), so the step runs under the
     math backend, which it counts in full. LRKV's exact path mixes values itself (explicit matmuls) and is
     visible either way. Norms, RoPE, softmax and the embedding lookup are not counted by either side.
     """
@@ -344,7 +345,7 @@ def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "| lrkv-r8 |" in out
     rows = json.loads(out[out.index("\n[") + 1 :])
-    assert [r["attention"] for r in rows] == list(costs.ATTENTIONS)
+    assert [r["attention"] for r in rows] == list(names())
     for r in rows:
         assert r["measured_cache_bytes"] == r["formula_cache_bytes"] == r["cache_bytes_per_token"] * 24
         assert r["run_cache_bytes"] == 4 * r["cache_bytes_per_token"] * 16 // 2  # fp32 caches of 16 positions

@@ -1,4 +1,4 @@
-"""One sharded optimiser step equals the single-process step (DESIGN.md "Muon under FSDP2"), on 2 gloo
+"""One sharded optimiser step equals the single-process step (docs/architecture.md, "Scale"), on 2 gloo
 processes: MuonAdamW given the same gradients as DTensor shards moves every shard exactly as the unsharded
 parameter moves (where torch.optim.Muon, which orthogonalises each shard alone, does not); and a tiny
 decoder sharded by `parallelize` (full, hybrid (replicate 2, shard 1) and hybrid (1, 2) meshes, with and

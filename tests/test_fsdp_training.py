@@ -1,4 +1,4 @@
-"""FSDP2 through main() on CPU with gloo, two processes (DESIGN.md "Scale"): every attention fits, writes a
+"""FSDP2 through main() on CPU with gloo, two processes (docs/architecture.md, "Scale"): every attention fits, writes a
 sharded checkpoint, resumes from it exactly as an uninterrupted run continues, and tests from it; hybrid
 sharding runs across two torchrun "nodes" on this machine and trains the same model; a consolidated
 checkpoint serves generation and a single-process test. Elastic resume: a checkpoint written by 2 ranks

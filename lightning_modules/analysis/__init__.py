@@ -9,7 +9,7 @@ One idea per module:
 - frontier.py    KV-cache bytes per token against final loss, Pareto-optimal points marked
 - tables.py      run overview and final losses beside the paper's
 - cost_tables.py the cost model's numbers for the paper sizes beside the paper's
-- paper.py       the paper's printed numbers (PAPER.md), as data
+- paper.py       the paper's printed numbers (docs/paper-errata.md), as data
 - styles.py      fixed colours and line styles per attention, display order of sizes and attentions
 - units.py       readable axis units for token counts and FLOPs
 - figures.py     saving PNGs and CSVs into the figures folder

@@ -1,6 +1,6 @@
 """The cost model's numbers for the paper's sizes, beside what the paper prints (notebooks/costs.ipynb).
 
-Costs come from lightning_modules.costs (DESIGN.md, Costs: our one convention); the paper's numbers from
+Costs come from lightning_modules.costs (docs/costs.md: our one convention); the paper's numbers from
 paper.py. Where the paper gives no formula (its FLOPs), the table shows what its figure totals imply per
 token and says so, rather than pretending the two are the same quantity.
 """
@@ -17,9 +17,9 @@ from matplotlib.figure import Figure
 
 from lightning_modules import costs
 from lightning_modules.analysis import paper
-from lightning_modules.analysis.styles import ATTENTION_ORDER, attention_style, size_sort_key
+from lightning_modules.analysis.styles import attention_order, attention_style, size_sort_key
 from lightning_modules.analysis.units import human
-from lightning_modules.config import AttentionConfig
+from lightning_modules.attention import AttentionConfig
 
 COST_COLUMNS = [
     "size",
@@ -43,9 +43,9 @@ def paper_size_rows(context: int | None = None) -> list[dict[str, Any]]:
     """costs.default_rows() for the paper sizes, plus the long-context size (which the default table,
     being about the four main sizes and nano, leaves out)."""
     rows = [r for r in costs.default_rows(context) if r["size"] in paper.SIZE_NAMES]
-    for kind in costs.ATTENTIONS:
-        configs = costs.load_configs([costs.fragment("model", "long-8k"), costs.fragment("attention", kind)])
-        rows.append(costs.cost_row(*configs, context))
+    for kind in attention_order():
+        model = costs.load_configs([costs.fragment("model", "long-8k")])[0]
+        rows.append(costs.cost_row(model, AttentionConfig(kind=kind), context))
     return rows
 
 
@@ -63,7 +63,7 @@ def costs_beside_paper(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame
         paper.TEST_LOSS.get(r.size, {}).get(r.attention, math.nan) for r in table.itertuples()
     ]
     table["_order"] = [
-        (size_sort_key(r.size), ATTENTION_ORDER.index(r.attention)) for r in table.itertuples()
+        (size_sort_key(r.size), attention_order().index(r.attention)) for r in table.itertuples()
     ]
     return table.sort_values("_order", kind="stable")[COST_COLUMNS].reset_index(drop=True)
 
@@ -145,7 +145,7 @@ def plot_costs(table: pd.DataFrame) -> Figure:
     colours: KV cache, training FLOPs per token and decode FLOPs per token at the full context, each as a
     multiple of MHA's at that size. Black crosses: the paper's printed cache fractions."""
     sizes = sorted(table["size"].unique(), key=size_sort_key)
-    kinds = [k for k in ATTENTION_ORDER if k in set(table["attention"])]
+    kinds = [k for k in attention_order() if k in set(table["attention"])]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
     width = 0.8 / len(kinds)
     x = np.arange(len(sizes))

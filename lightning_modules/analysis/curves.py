@@ -3,7 +3,7 @@
 Each line is the mean over seeds of the validation loss at each evaluation, with a shaded t-interval where
 two or more seeds ran; a marker at the end of each line is the final test loss (mean and interval over
 seeds). Differences between attentions are hundredths of a nat against a curve that falls by nats
-(PAPER.md), so by default the y-axis is zoomed to the part of the run after `zoom` of the budget.
+(docs/paper-errata.md), so by default the y-axis is zoomed to the part of the run after `zoom` of the budget.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The frontier of KV-cache bytes per token against final loss, over attentions and rank / latent sweeps.
 
-The paper compares attentions at different cache sizes (PAPER.md: "the comparison is not cache-matched";
+The paper compares attentions at different cache sizes (docs/paper-errata.md: "the comparison is not cache-matched";
 below about 40 % cache MLA matches or beats LRKV). The fair reading is a Pareto frontier: a label is
 Pareto-optimal when no other label of the same size caches at most as much and reaches at most the same
 loss, with one of the two strictly smaller. Cache bytes are what the code caches (cost.kv_cache_bytes_per_token,

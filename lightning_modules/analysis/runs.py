@@ -1,13 +1,13 @@
 """Runs from MLflow as one tidy table: a row per evaluation (validation during training, test at the end).
 
-The training module's MLflow contract (issue 7) is what this reads: tags `size`, `attention`,
+The training module's MLflow contract (docs/tracking.md) is what this reads: tags `size`, `attention`,
 `attention_label`, `seed`, `budget`, `git_commit` and `knob.<name>`; params `cost.<name>`; metrics
 `val/{loss,ppl,bpb,tokens,flops}` during training and `test/...` at the end, all against the global step.
 
-Columns of the table (`RUN_COLUMNS` repeat on every row of a run, `EVAL_COLUMNS` vary):
-  run_id, run_name, status, size, attention, label, budget, git_commit, knob_* (str)   seed (int64)
-  knob_n_kv_heads, knob_rank, knob_kv_latent_dim, knob_rope_head_dim, knob_q_latent_dim (Int64, <NA> where
-  the attention has no such knob), knob_residual_init (float64), knob_lrkv_path (str)
+Columns of the table, `columns()` (run columns repeat on every row of a run, `EVAL_COLUMNS` vary):
+  run_id, run_name, status, size, attention, label, budget, git_commit (str)   seed (int64)
+  knob_<name> for every knob of every registered attention (lightning_modules/attention), typed from its
+  declaration: Int64 for int knobs (<NA> where the run's attention has no such knob), float64, or str
   params, non_embedding_params, attention_params, kv_cache_bytes_per_token, kv_cache_vs_mha,
   train_flops_per_token, decode_flops_per_token (float64, from the cost.* params; NaN when not logged)
   split ("val" or "test"), step (int64), tokens, flops, loss, ppl, bpb (float64)
@@ -28,15 +28,12 @@ import pandas as pd
 from lightning_modules.analysis.errors import MissingMetricsError, MissingTagsError, NoRunsError
 from lightning_modules.analysis.store import require_existing_sqlite, resolve_experiment, resolve_tracking_uri
 from lightning_modules.analysis.styles import label_sort_key, size_sort_key
-from lightning_modules.config import KNOBS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
 REQUIRED_TAGS = ("size", "attention", "attention_label", "seed")
-INT_KNOBS = ("n_kv_heads", "rank", "kv_latent_dim", "rope_head_dim", "q_latent_dim")
-KNOB_COLUMNS = tuple(f"knob_{k}" for k in KNOBS)
 COST_COLUMNS = (
     "params",
     "non_embedding_params",
@@ -56,16 +53,29 @@ RUN_COLUMNS = (
     "seed",
     "budget",
     "git_commit",
-    *KNOB_COLUMNS,
     *COST_COLUMNS,
 )
 EVAL_COLUMNS = ("split", "step", "tokens", "flops", "loss", "ppl", "bpb")
-COLUMNS = RUN_COLUMNS + EVAL_COLUMNS
+COLUMNS = RUN_COLUMNS + EVAL_COLUMNS  # what every table from load_runs has; the knob columns come on top
 SPLITS = ("val", "test")
 EVAL_METRICS = ("loss", "tokens", "flops", "ppl", "bpb")
 REQUIRED_EVAL_METRICS = ("loss", "tokens", "flops")  # ppl and bpb are derived views; a curve needs these
 STR_COLUMNS = ("run_id", "run_name", "status", "size", "attention", "label", "budget", "git_commit", "split")
 MAX_NAMED = 10  # runs named in one error message
+
+
+def knob_types() -> dict[str, type]:
+    """knob name -> its declared type (int, float, str), for every registered attention. Imported when
+    called: the registry imports torch, which a drawing kernel need not load to import this module."""
+    from lightning_modules.attention import knob_specs
+
+    return {name: spec.type for name, spec in knob_specs().items()}
+
+
+def columns() -> tuple[str, ...]:
+    """Every column of load_runs' table, in order: the run's, its knobs', its costs', the evaluation's."""
+    fixed = RUN_COLUMNS[: RUN_COLUMNS.index(COST_COLUMNS[0])]
+    return (*fixed, *(f"knob_{k}" for k in knob_types()), *COST_COLUMNS, *EVAL_COLUMNS)
 
 
 def load_runs(
@@ -196,16 +206,14 @@ def _run_values(run: Run) -> dict[str, Any]:
         "budget": tags.get("budget"),
         "git_commit": tags.get("git_commit"),
     }
-    for knob in KNOBS:
+    for knob, kind in knob_types().items():
         raw = tags.get(f"knob.{knob}")
         if raw in (None, "", "None"):
             values[f"knob_{knob}"] = None
-        elif knob in INT_KNOBS:
+        elif kind is int:
             values[f"knob_{knob}"] = int(float(raw))
-        elif knob == "residual_init":
-            values[f"knob_{knob}"] = float(raw)
         else:
-            values[f"knob_{knob}"] = raw
+            values[f"knob_{knob}"] = kind(raw)
     for cost in COST_COLUMNS:
         raw = params.get(f"cost.{cost}")
         values[cost] = float(raw) if raw not in (None, "", "None") else float("nan")
@@ -242,14 +250,17 @@ def _run_rows(client: MlflowClient, run: Run) -> pd.DataFrame:
 
 
 def _typed_and_sorted(table: pd.DataFrame) -> pd.DataFrame:
-    table = table.reindex(columns=list(COLUMNS))
-    for column in STR_COLUMNS + ("knob_lrkv_path",):
+    table = table.reindex(columns=list(columns()))
+    knobs = knob_types()
+    str_knobs = tuple(f"knob_{k}" for k, t in knobs.items() if t is str)
+    float_knobs = tuple(f"knob_{k}" for k, t in knobs.items() if t is float)
+    for column in STR_COLUMNS + str_knobs:
         table[column] = table[column].astype("str").where(table[column].notna())
     table["seed"] = table["seed"].astype("int64")
     table["step"] = table["step"].astype("int64")
-    for knob in INT_KNOBS:
+    for knob in (k for k, t in knobs.items() if t is int):
         table[f"knob_{knob}"] = table[f"knob_{knob}"].astype("Int64")
-    for column in ("knob_residual_init", *COST_COLUMNS, "tokens", "flops", "loss", "ppl", "bpb"):
+    for column in (*float_knobs, *COST_COLUMNS, "tokens", "flops", "loss", "ppl", "bpb"):
         table[column] = table[column].astype("float64")
     # Display order: sizes small to large, attentions in the fixed order, sweeps by their number.
     row_keys = list(

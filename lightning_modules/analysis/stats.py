@@ -1,6 +1,6 @@
 """Mean and confidence interval over seeds.
 
-The paper reports one seed per run and effects of 0.01-0.03 nats (PAPER.md); with a handful of seeds the
+The paper reports one seed per run and effects of 0.01-0.03 nats (docs/paper-errata.md); with a handful of seeds the
 normal approximation is too narrow, so the interval uses Student's t with n - 1 degrees of freedom:
 mean +/- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard deviation. One value gives no interval (NaN
 bounds), never a zero-width one. scipy comes with mlflow (a declared dependency); only its t quantile is used.

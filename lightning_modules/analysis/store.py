@@ -1,7 +1,6 @@
 """Where the MLflow store, the experiment and the figures folder are: argument, else environment, else default.
 
-The training side logs to `sqlite:///mlruns/mlflow.db` relative to the repository root (DESIGN.md,
-Tracking). Notebooks run with notebooks/ as their working directory, so a relative SQLite path is resolved
+The training side logs to `sqlite:///mlruns/mlflow.db` relative to the repository root (docs/tracking.md). Notebooks run with notebooks/ as their working directory, so a relative SQLite path is resolved
 against the repository root here, never against the current directory. The file store is deprecated in
 MLflow 3 and never used by this project: a plain path or file: URI is refused rather than silently read.
 """
@@ -36,8 +35,8 @@ def resolve_tracking_uri(uri: str | None = None, base: Path | None = None) -> st
     uri = uri or os.environ.get(TRACKING_URI_ENV) or DEFAULT_TRACKING_URI
     if uri.startswith("file:") or "://" not in uri:
         raise StoreError(
-            f"tracking URI {uri!r} names an MLflow file store, which this project does not use (DESIGN.md, "
-            f"Tracking); use a SQLite store such as {DEFAULT_TRACKING_URI} or a server URL"
+            f"tracking URI {uri!r} names an MLflow file store, which this project does not use (docs/tracking.md); "
+            f"use a SQLite store such as {DEFAULT_TRACKING_URI} or a server URL"
         )
     path = sqlite_path(uri)
     if path is None or path.is_absolute():

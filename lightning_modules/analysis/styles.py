@@ -1,7 +1,8 @@
 """Fixed looks and orders, so that every figure and table reads the same way.
 
-Colours and line styles per attention are fixed project-wide (issue 7): baselines with a per-head cache
-(mha, lrkv) solid, the sharing baselines (mqa, gqa) dashed, mla dotted.
+Colours and line styles per attention are declared by each variant class (`plot_style`, in
+lightning_modules/attention/) and the order is the registry's, so a registered variant appears in every
+figure and table without an edit here.
 """
 
 from __future__ import annotations
@@ -10,25 +11,25 @@ from collections.abc import Iterable
 from typing import Any
 
 SIZE_ORDER = ("nano", "20m", "128m", "1b", "2.5b", "6.3b", "long-8k")
-# The cost table's order (lightning_modules.costs.ATTENTIONS; a test keeps them equal). Not imported from
-# there because costs imports torch, seconds of start-up in every notebook kernel that only draws.
-ATTENTION_ORDER = ("mha", "mqa", "gqa", "mla", "lrkv")
-
-ATTENTION_STYLES: dict[str, dict[str, Any]] = {
-    "mha": {"color": "tab:blue", "linestyle": "-"},
-    "lrkv": {"color": "tab:red", "linestyle": "-"},
-    "mqa": {"color": "tab:green", "linestyle": "--"},
-    "gqa": {"color": "tab:orange", "linestyle": "--"},
-    "mla": {"color": "tab:purple", "linestyle": ":"},
-}
-# A kind added to the registry later still gets drawn, visibly apart from the five.
+# A kind that declares no style (or a run of a kind no longer registered) is still drawn, visibly apart.
 UNKNOWN_STYLE: dict[str, Any] = {"color": "0.3", "linestyle": "-."}
 # Several labels of one attention in a panel (a rank or latent sweep) share its colour and differ by marker.
 SWEEP_MARKERS = (None, "o", "s", "^", "v", "D", "P", "X")
 
 
+def attention_order() -> tuple[str, ...]:
+    """The registered attentions in registry order (the cost table's order). Imported when called: the
+    registry imports torch, seconds of start-up that a module import should not cost a drawing kernel."""
+    from lightning_modules.attention import names
+
+    return names()
+
+
 def attention_style(attention: str) -> dict[str, Any]:
-    return dict(ATTENTION_STYLES.get(attention, UNKNOWN_STYLE))
+    from lightning_modules.attention import REGISTRY
+
+    cls = REGISTRY.get(attention)
+    return dict(cls.plot_style if cls is not None and cls.plot_style else UNKNOWN_STYLE)
 
 
 def _rank(value: str, order: tuple[str, ...]) -> tuple[int, str]:
@@ -46,6 +47,6 @@ def order_sizes(sizes: Iterable[str]) -> list[str]:
 
 def label_sort_key(attention: str, label: str) -> tuple[int, str, int, str]:
     """Attentions in the fixed order; within one, labels by their number (lrkv-r8 before lrkv-r16)."""
-    position, name = _rank(attention, ATTENTION_ORDER)
+    position, name = _rank(attention, attention_order())
     digits = "".join(ch for ch in label if ch.isdigit())
     return (position, name, int(digits) if digits else -1, label)

@@ -1,6 +1,6 @@
 """Tokens-to-target: how much of a baseline's budget another attention needs to reach the baseline's final loss.
 
-PAPER.md (Results) reports, at 2.5B, "the first step at which LRKV's curve reaches a baseline's final loss,
+docs/paper-errata.md reports, at 2.5B, "the first step at which LRKV's curve reaches a baseline's final loss,
 as a fraction of the budget saved". Here, for every size and every ordered pair (baseline B, other label A):
   target   = B's final validation loss (its last evaluation),
   budget   = B's tokens (or FLOPs) at that evaluation,

@@ -1,4 +1,4 @@
-"""Readable axis units. Paper-size runs reach tens to thousands of ExaFLOPs (PAPER.md, Results) while a CPU run
+"""Readable axis units. Paper-size runs reach tens to thousands of ExaFLOPs (docs/paper-errata.md) while a CPU run
 reaches PetaFLOPs or less, so the unit is chosen per axis from the largest value, and always named in full."""
 
 from __future__ import annotations

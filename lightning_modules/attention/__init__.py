@@ -1,17 +1,43 @@
-"""The attention family behind one interface. Adding a variant is one file, one line here, one YAML fragment
-in conf/attention/."""
+"""The attention family behind one interface. Adding a variant is one file (a class with its Knobs), one
+line here, one YAML fragment in conf/attention/; everything that lists attentions or knobs reads the
+registry (attention/registry.py)."""
 
 from lightning_modules.attention.base import Attention
 from lightning_modules.attention.gqa import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
 from lightning_modules.attention.lrkv import LowRankKVAttention
 from lightning_modules.attention.mla import MultiHeadLatentAttention
+from lightning_modules.attention.registry import (
+    REGISTRY,
+    AttentionConfig,
+    Resolved,
+    knob_specs,
+    knob_values,
+    load_configs,
+    names,
+    register,
+    resolve,
+    resolve_attention,
+    unregister,
+)
 
-REGISTRY: dict[str, type[Attention]] = {
-    "mha": MultiHeadAttention,
-    "mqa": MultiQueryAttention,
-    "gqa": GroupedQueryAttention,
-    "mla": MultiHeadLatentAttention,
-    "lrkv": LowRankKVAttention,
-}
+register("mha", MultiHeadAttention)
+register("mqa", MultiQueryAttention)
+register("gqa", GroupedQueryAttention)
+register("mla", MultiHeadLatentAttention)
+register("lrkv", LowRankKVAttention)
 
-__all__ = ["REGISTRY", "Attention"]
+__all__ = [
+    "REGISTRY",
+    "Attention",
+    "AttentionConfig",
+    "GroupedQueryAttention",
+    "Resolved",
+    "knob_specs",
+    "knob_values",
+    "load_configs",
+    "names",
+    "register",
+    "resolve",
+    "resolve_attention",
+    "unregister",
+]

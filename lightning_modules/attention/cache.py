@@ -1,6 +1,6 @@
 """The decode cache of one attention layer: named buffers preallocated to a maximum length.
 
-Caches are passed in, never stored on modules (DESIGN.md "The attention family"), so one model can serve
+Caches are passed in, never stored on modules (docs/attentions.md), so one model can serve
 several generations at once and the training forward stays untouched. Each variant says what it caches
 per token (`Attention.cache_layout`); this class only allocates, appends and counts. A layout gives each
 buffer's shape without the batch, with TIME where the positions go: (G, TIME, dh) is a (B, G, max_len, dh)

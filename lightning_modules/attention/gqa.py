@@ -1,42 +1,51 @@
 """Multi-head, grouped-query and multi-query attention: one class with a number of KV heads G.
 
-Head h uses kv head h // (H / G). MHA is G = H, MQA is G = 1 (DESIGN.md table). K and V are never repeated
+Head h uses kv head h // (H / G). MHA is G = H, MQA is G = 1 (docs/attentions.md). K and V are never repeated
 to H heads: the kernel takes grouped heads natively (kernel.attend).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
 from lightning_modules.attention.base import Attention, check_divides
 from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.attention.knobs import NoKnobs, knob
+from lightning_modules.config import ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 
+@dataclass(frozen=True)
+class GroupedQueryKnobs:
+    n_kv_heads: int = knob("number of key/value heads G; must divide n_head", minimum=1)
+
+
 class GroupedQueryAttention(Attention):
-    knobs = frozenset({"n_kv_heads"})
+    Knobs = GroupedQueryKnobs
+    label_suffix = "g{n_kv_heads}"
+    plot_style = {"color": "tab:orange", "linestyle": "--"}  # the sharing baselines dashed
     decode_paths = ("kv",)  # K (after QK-norm and RoPE) and V per kv head
 
     @classmethod
-    def kv_heads(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        assert attention.n_kv_heads is not None, "resolve_attention fills n_kv_heads"
-        return attention.n_kv_heads
+    def kv_heads(cls, model: ModelConfig, knobs: Any) -> int:
+        return knobs.n_kv_heads
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
         return {"n_kv_heads": model.n_head // 2 if model.n_head % 2 == 0 else 1}
 
     @classmethod
-    def validate(cls, model: ModelConfig, attention: AttentionConfig) -> None:
-        if "n_kv_heads" in cls.knobs:
-            check_divides("attention.n_kv_heads", cls.kv_heads(model, attention), model.n_head)
+    def validate(cls, model: ModelConfig, knobs: Any) -> None:
+        check_divides("attention.n_kv_heads", cls.kv_heads(model, knobs), model.n_head)
 
-    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
-        super().__init__(model, attention)
+    def __init__(self, model: ModelConfig, knobs: Any) -> None:
+        super().__init__(model, knobs)
         self.n_head, self.head_dim = model.n_head, model.head_dim
-        self.n_kv = self.kv_heads(model, attention)
+        self.n_kv = self.kv_heads(model, knobs)
         d, H, G, dh = model.d_model, self.n_head, self.n_kv, self.head_dim
         self.qkv = nn.Linear(d, (H + 2 * G) * dh, bias=False)  # fused: one product for q, k, v
         self.out = nn.Linear(H * dh, d, bias=False)
@@ -81,41 +90,33 @@ class GroupedQueryAttention(Attention):
         return {"qkv.weight": (H * dh, G * dh, G * dh)}
 
     @classmethod
-    def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
-        d, H, dh, G = model.d_model, model.n_head, model.head_dim, cls.kv_heads(model, attention)
-        matmul = d * (H + 2 * G) * dh + H * dh * d
-        return matmul, (2 * dh if model.qk_norm else 0)
-
-    @classmethod
-    def cache_elements_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        return 2 * cls.kv_heads(model, attention) * model.head_dim
-
-    @classmethod
-    def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
+    def decode_flops_per_token(cls, model: ModelConfig, knobs: Any, context: int) -> int:
         """The new token's projections (as in training) + q.k and mixing over `context` cached positions."""
         H, dh = model.n_head, model.head_dim
-        return cls.train_matmul_flops_per_token(model, attention) + 2 * context * H * 2 * dh
+        return cls.train_matmul_flops_per_token(model, knobs) + 2 * context * H * 2 * dh
 
 
 class MultiHeadAttention(GroupedQueryAttention):
-    knobs = frozenset()
+    Knobs = NoKnobs
+    label_suffix = ""
+    plot_style = {"color": "tab:blue", "linestyle": "-"}  # a per-head cache: solid
 
     @classmethod
-    def kv_heads(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+    def kv_heads(cls, model: ModelConfig, knobs: Any) -> int:
         return model.n_head
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
         return {}
 
+    @classmethod
+    def validate(cls, model: ModelConfig, knobs: Any) -> None:
+        pass
 
-class MultiQueryAttention(GroupedQueryAttention):
-    knobs = frozenset()
+
+class MultiQueryAttention(MultiHeadAttention):
+    plot_style = {"color": "tab:green", "linestyle": "--"}
 
     @classmethod
-    def kv_heads(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+    def kv_heads(cls, model: ModelConfig, knobs: Any) -> int:
         return 1
-
-    @classmethod
-    def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
-        return {}

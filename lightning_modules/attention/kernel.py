@@ -1,5 +1,4 @@
-"""The one place that chooses the attention kernel, separately from the attention variant (DESIGN.md "The
-attention family").
+"""The one place that chooses the attention kernel, separately from the attention variant (docs/attentions.md).
 
 Every variant hands `attend` queries, keys and values in (B, heads, T, dim) layout; keys and values may have
 fewer heads than queries (grouped KV heads, H % G == 0) and values may have a different head dim than
@@ -107,7 +106,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | 
 
 def attention_probs(q: Tensor, k: Tensor, scale: float, causal: bool = True) -> Tensor:
     """softmax(q k^T * scale + causal mask) as an explicit (B, H, Tq, Tk) tensor, for decode paths that mix
-    values themselves (LRKV's absorbed values, DESIGN.md). q: (B, H, Tq, d); k: (B, H, Tk, d). The causal
+    values themselves (LRKV's absorbed values, docs/attentions.md). q: (B, H, Tq, d); k: (B, H, Tk, d). The causal
     mask is aligned to the end, as in `attend`. The softmax runs in fp32 and returns q's dtype."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     Tq, Tk = q.shape[2], k.shape[2]

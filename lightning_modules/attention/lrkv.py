@@ -1,4 +1,4 @@
-"""Low-rank key-value attention (LRKV; PAPER.md "LRKV in one paragraph").
+"""Low-rank key-value attention (LRKV; docs/attentions.md, "lrkv").
 
 Per layer one shared key and one shared value projection W^K_s, W^V_s (d -> d_h) and per head a low-rank
 residual: k_h = x W^K_s + (x U^K_h) (B^K_h)^T with U^K_h in R^{d x r}, B^K_h in R^{d_h x r}; values alike.
@@ -10,7 +10,7 @@ Two training paths compute the same function (tests check it):
 - materialized: W_h = W_s + U_h B_h^T for every head once per forward, then one MHA-sized product.
 The FLOP count follows the path that runs (costs.py); benchmarks/train_throughput.py measures both.
 
-Decoding (DESIGN.md "LRKV", PAPER.md "Known errors") caches x W^K_s, x W^V_s (pre-norm, pre-RoPE) and the
+Decoding (docs/attentions.md, "lrkv"; docs/paper-errata.md) caches x W^K_s, x W^V_s (pre-norm, pre-RoPE) and the
 latents x U^K_h, x U^V_h: 2 (d_h + H r) per token. It is exact: values are absorbed,
 a_h V_h = a_h V_s + (a_h R^V_h)(B^V_h)^T, but keys are rebuilt for every cached position,
 K_h = K_s + R^K_h (B^K_h)^T, then QK-norm and RoPE, because RoPE does not commute with B_h and QK-norm is
@@ -22,6 +22,8 @@ like MHA; it is the reference the tests compare the exact path with, not somethi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,33 +32,44 @@ from torch import Tensor, nn
 from lightning_modules.attention.base import Attention
 from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend, attention_probs
-from lightning_modules.config import AttentionConfig, ConfigError, ModelConfig
+from lightning_modules.attention.knobs import knob
+from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 
+@dataclass(frozen=True)
+class LowRankKnobs:
+    rank: int = knob("per-head residual rank r (1 <= r <= head_dim)", minimum=1)
+    lrkv_path: Literal["factorized", "materialized"] = knob(
+        "training path: x W_s + (x U_h) B_h^T, or W_h = W_s + U_h B_h^T built once per forward"
+    )
+    residual_init: float = knob("||U_h B_h^T|| / ||W_s|| at initialisation", minimum=0.0)
+
+
 class LowRankKVAttention(Attention):
-    knobs = frozenset({"rank", "lrkv_path", "residual_init"})
+    Knobs = LowRankKnobs
+    label_suffix = "r{rank}"
+    plot_style = {"color": "tab:red", "linestyle": "-"}  # a per-head cache: solid, like mha
     decode_paths = ("exact", "materialized")
+    train_path_knob = "lrkv_path"
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
         return {"rank": max(1, model.head_dim // 4), "lrkv_path": "factorized", "residual_init": 0.1}
 
     @classmethod
-    def validate(cls, model: ModelConfig, attention: AttentionConfig) -> None:
-        assert attention.rank is not None
-        if not 1 <= attention.rank <= model.head_dim:
+    def validate(cls, model: ModelConfig, knobs: LowRankKnobs) -> None:
+        if not 1 <= knobs.rank <= model.head_dim:
             raise ConfigError(
-                f"attention.rank={attention.rank} out of range; allowed 1..head_dim ({model.head_dim})"
+                f"attention.rank={knobs.rank} out of range; allowed 1..head_dim ({model.head_dim})"
             )
 
-    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
-        super().__init__(model, attention)
-        assert attention.rank is not None and attention.residual_init is not None
-        self.n_head, self.head_dim, self.rank = model.n_head, model.head_dim, attention.rank
-        self.materialized = attention.lrkv_path == "materialized"
-        self.residual_init = attention.residual_init
-        d, H, dh, r = model.d_model, model.n_head, model.head_dim, attention.rank
+    def __init__(self, model: ModelConfig, knobs: LowRankKnobs) -> None:
+        super().__init__(model, knobs)
+        self.n_head, self.head_dim, self.rank = model.n_head, model.head_dim, knobs.rank
+        self.materialized = knobs.lrkv_path == "materialized"
+        self.residual_init = knobs.residual_init
+        d, H, dh, r = model.d_model, model.n_head, model.head_dim, knobs.rank
         # Rows: [W_q (H dh) | W^K_s (dh) | W^V_s (dh) | U^K (H r) | U^V (H r)], in nn.Linear's (out, in) layout.
         self.in_proj = nn.Linear(d, H * dh + 2 * dh + 2 * H * r, bias=False)
         self.b_k = nn.Parameter(torch.empty(H, dh, r))  # B^K_h, one (dh, r) matrix per head
@@ -68,7 +81,7 @@ class LowRankKVAttention(Attention):
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.in_proj.weight, std=std)
         # ||U_h B_h^T||_F^2 ~ d dh r std_U^2 std_B^2 and ||W_s||_F^2 ~ d dh std^2; with std_U = std and
-        # std_B = residual_init / sqrt(r) the residual starts at residual_init x the shared part (DESIGN.md).
+        # std_B = residual_init / sqrt(r) the residual starts at residual_init x the shared part (docs/attentions.md).
         nn.init.normal_(self.b_k, std=self.residual_init / math.sqrt(self.rank))
         nn.init.normal_(self.b_v, std=self.residual_init / math.sqrt(self.rank))
         nn.init.normal_(self.out.weight, std=out_std)
@@ -168,44 +181,28 @@ class LowRankKVAttention(Attention):
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod
-    def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
-        d, H, dh = model.d_model, model.n_head, model.head_dim
-        r = attention.rank
-        assert r is not None
-        in_proj = d * (H * dh + 2 * dh + 2 * H * r)
-        residual_b = 2 * H * dh * r
-        return in_proj + residual_b + H * dh * d, (2 * dh if model.qk_norm else 0)
-
-    @classmethod
-    def train_matmul_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        if attention.lrkv_path != "materialized":
-            return 2 * cls.param_counts(model, attention)[0]
+    def train_matmul_flops_per_token(cls, model: ModelConfig, knobs: LowRankKnobs) -> int:
+        if knobs.lrkv_path != "materialized":
+            return 2 * cls.param_counts(model, knobs)[0]
         # One MHA-sized product per token; building W_h = W_s + B_h U_h is a per-forward cost that
         # costs.py amortises over the tokens of a step (see costs.train_flops_per_token).
         d, H, dh = model.d_model, model.n_head, model.head_dim
         return 2 * (d * 3 * H * dh + H * dh * d)
 
     @classmethod
-    def per_forward_flops(cls, model: ModelConfig, attention: AttentionConfig) -> int:
+    def per_forward_flops(cls, model: ModelConfig, knobs: LowRankKnobs) -> int:
         """Forward FLOPs spent once per forward pass, independent of the token count."""
-        if attention.lrkv_path != "materialized":
+        if knobs.lrkv_path != "materialized":
             return 0
         d, H, dh = model.d_model, model.n_head, model.head_dim
-        assert attention.rank is not None
-        return 2 * 2 * H * dh * attention.rank * d  # B_h U_h for keys and for values
+        return 2 * 2 * H * dh * knobs.rank * d  # B_h U_h for keys and for values
 
     @classmethod
-    def cache_elements_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        assert attention.rank is not None
-        return 2 * (model.head_dim + model.n_head * attention.rank)
-
-    @classmethod
-    def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
-        """Exact decode (DESIGN.md): new token's projections; keys of all `context` positions rebuilt,
-        K_h = K_s + R^K_h (B^K_h)^T; scores; values absorbed, a_h V_s + (a_h R^V_h)(B^V_h)^T."""
+    def decode_flops_per_token(cls, model: ModelConfig, knobs: LowRankKnobs, context: int) -> int:
+        """Exact decode (docs/attentions.md): new token's projections; keys of all `context` positions
+        rebuilt, K_h = K_s + R^K_h (B^K_h)^T; scores; values absorbed, a_h V_s + (a_h R^V_h)(B^V_h)^T."""
         d, H, dh = model.d_model, model.n_head, model.head_dim
-        r = attention.rank
-        assert r is not None
+        r = knobs.rank
         projections = 2 * d * (H * dh + 2 * dh + 2 * H * r) + 2 * H * dh * d
         rebuild_keys = 2 * context * H * r * dh
         scores = 2 * context * H * dh

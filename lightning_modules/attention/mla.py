@@ -1,4 +1,4 @@
-"""Multi-head latent attention, DeepSeek-V2 form (DESIGN.md "MLA").
+"""Multi-head latent attention, DeepSeek-V2 form (docs/attentions.md, "mla").
 
 c = RMSNorm(x W^DKV) in R^{d_c}; k^C_h = c W^UK_h, v_h = c W^UV_h (d_h each); one RoPE key shared by all
 heads, k^R = RoPE(x W^KR) in R^{d_R}; q_h = [q^C_h ; RoPE(q^R_h)] from x, optionally through a compressed
@@ -11,6 +11,7 @@ scores and forbid folding W^UK into the query at decode time (absorption), the p
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -18,12 +19,22 @@ from torch import Tensor, nn
 from lightning_modules.attention.base import Attention, check_even
 from lightning_modules.attention.cache import TIME, LayerCache
 from lightning_modules.attention.kernel import attend
-from lightning_modules.config import AttentionConfig, ModelConfig
+from lightning_modules.attention.knobs import knob
+from lightning_modules.config import ModelConfig
 from lightning_modules.layers import RMSNorm, RotaryEmbedding
 
 
+@dataclass(frozen=True)
+class LatentKnobs:
+    kv_latent_dim: int = knob("compressed KV width d_c", minimum=1)
+    rope_head_dim: int = knob("decoupled RoPE key width d_R (even)", minimum=1)
+    q_latent_dim: int = knob("query compression width (0: no query compression)", minimum=0)
+
+
 class MultiHeadLatentAttention(Attention):
-    knobs = frozenset({"kv_latent_dim", "rope_head_dim", "q_latent_dim"})
+    Knobs = LatentKnobs
+    label_suffix = "c{kv_latent_dim}"
+    plot_style = {"color": "tab:purple", "linestyle": ":"}
     decode_paths = ("absorbed", "rebuilt")
 
     @classmethod
@@ -32,25 +43,18 @@ class MultiHeadLatentAttention(Attention):
         return {"kv_latent_dim": 4 * model.head_dim, "rope_head_dim": model.head_dim // 2, "q_latent_dim": 0}
 
     @classmethod
-    def validate(cls, model: ModelConfig, attention: AttentionConfig) -> None:
-        assert attention.rope_head_dim is not None
-        check_even("attention.rope_head_dim", attention.rope_head_dim)
+    def validate(cls, model: ModelConfig, knobs: LatentKnobs) -> None:
+        check_even("attention.rope_head_dim", knobs.rope_head_dim)
 
     @classmethod
-    def rope_dim(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        assert attention.rope_head_dim is not None
-        return attention.rope_head_dim
+    def rope_dim(cls, model: ModelConfig, knobs: LatentKnobs) -> int:
+        return knobs.rope_head_dim
 
-    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
-        super().__init__(model, attention)
-        assert attention.kv_latent_dim is not None and attention.rope_head_dim is not None
+    def __init__(self, model: ModelConfig, knobs: LatentKnobs) -> None:
+        super().__init__(model, knobs)
         d, H, dh = model.d_model, model.n_head, model.head_dim
         self.n_head, self.head_dim = H, dh
-        self.d_c, self.d_r, self.d_cq = (
-            attention.kv_latent_dim,
-            attention.rope_head_dim,
-            attention.q_latent_dim or 0,
-        )
+        self.d_c, self.d_r, self.d_cq = knobs.kv_latent_dim, knobs.rope_head_dim, knobs.q_latent_dim
         q_width = H * (dh + self.d_r)
         # Rows: [queries, or the query latent when compressed | c before its norm (d_c) | k^R before RoPE (d_R)]
         self.in_proj = nn.Linear(d, (self.d_cq or q_width) + self.d_c + self.d_r, bias=False)
@@ -125,34 +129,20 @@ class MultiHeadLatentAttention(Attention):
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod
-    def _dims(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int, int]:
-        assert attention.kv_latent_dim is not None and attention.rope_head_dim is not None
-        return attention.kv_latent_dim, attention.rope_head_dim, attention.q_latent_dim or 0
+    def score_dims(cls, model: ModelConfig, knobs: LatentKnobs) -> tuple[int, int]:
+        return model.head_dim + knobs.rope_head_dim, model.head_dim
 
     @classmethod
-    def param_counts(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
-        d, H, dh = model.d_model, model.n_head, model.head_dim
-        d_c, d_r, d_cq = cls._dims(model, attention)
-        q_width = H * (dh + d_r)
-        q_params = d * d_cq + d_cq * q_width if d_cq else d * q_width
-        matmul = q_params + d * (d_c + d_r) + d_c * 2 * H * dh + H * dh * d
-        return matmul, d_c + d_cq
+    def extra_costs(cls, model: ModelConfig, knobs: LatentKnobs) -> dict[str, float]:
+        # The paper counts MLA's latent only, d_c / (2 H d_h) (docs/paper-errata.md); we cache the RoPE key too.
+        return {"kv_cache_vs_mha_paper_convention": knobs.kv_latent_dim / (2 * model.n_head * model.head_dim)}
 
     @classmethod
-    def score_dims(cls, model: ModelConfig, attention: AttentionConfig) -> tuple[int, int]:
-        return model.head_dim + cls._dims(model, attention)[1], model.head_dim
-
-    @classmethod
-    def cache_elements_per_token(cls, model: ModelConfig, attention: AttentionConfig) -> int:
-        d_c, d_r, _ = cls._dims(model, attention)
-        return d_c + d_r
-
-    @classmethod
-    def decode_flops_per_token(cls, model: ModelConfig, attention: AttentionConfig, context: int) -> int:
+    def decode_flops_per_token(cls, model: ModelConfig, knobs: LatentKnobs, context: int) -> int:
         """Absorbed decode: W^UK folded into the query (q^C_h W^UK_h^T, d_h -> d_c per head), scores against
         the cached latent and RoPE key, mixing of the latent, W^UV_h folded into the output."""
         d, H, dh = model.d_model, model.n_head, model.head_dim
-        d_c, d_r, d_cq = cls._dims(model, attention)
+        d_c, d_r, d_cq = knobs.kv_latent_dim, knobs.rope_head_dim, knobs.q_latent_dim
         q_width = H * (dh + d_r)
         q_proj = 2 * (d * d_cq + d_cq * q_width if d_cq else d * q_width)
         latent_proj = 2 * d * (d_c + d_r)

@@ -1,4 +1,4 @@
-"""Muon for the block matrices and AdamW for the rest, in one optimiser (PAPER.md "Training recipe").
+"""Muon for the block matrices and AdamW for the rest, in one optimiser (docs/paper-errata.md, "Recipe").
 
 One optimiser rather than two keeps Lightning's automatic optimisation: gradient clipping, accumulation
 and one LR schedule over every group (each group keeps its own base LR).
@@ -14,7 +14,7 @@ adjustment, decoupled weight decay), but on each logical block: row blocks of a 
 (Attention.muon_blocks) and each matrix of a 3-D parameter. With no blocks it equals torch.optim.Muon
 (tests/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged.
 
-Under FSDP2 (DESIGN.md "Muon under FSDP2") parameters, gradients and momenta are DTensors sharded on dim 0,
+Under FSDP2 (docs/architecture.md, "Scale") parameters, gradients and momenta are DTensors sharded on dim 0,
 and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
 DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here the Nesterov update is
 all-gathered to the whole tensor (`full_tensor`), every logical matrix is orthogonalised whole, and each

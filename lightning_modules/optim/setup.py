@@ -1,5 +1,5 @@
 """Optimiser and LR schedule: AdamW, or the paper's recipe (Muon for block matrices, AdamW for the
-embedding and the output head, each with its own LR; PAPER.md "Training recipe"), then linear warmup and
+embedding and the output head, each with its own LR; docs/paper-errata.md, "Recipe"), then linear warmup and
 cosine decay."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Multi-node training with torchrun (no SLURM): run this on every node, with the same MASTER_ADDR and
 # MASTER_PORT and its own NODE_RANK (0 .. NNODES-1). torchrun starts one process per GPU and sets the
 # torchelastic environment, which Lightning detects (TorchElasticEnvironment); same main.py and configs
-# as on one machine (DESIGN.md "Scale").
+# as on one machine (docs/architecture.md, "Scale").
 #
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 scripts/torchrun/train.sh     # on node0
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=node0 scripts/torchrun/train.sh     # on node1

@@ -1,4 +1,4 @@
-"""Synthetic runs logged with the MLflow client exactly as the training module's contract says (issue 7).
+"""Synthetic runs logged with the MLflow client exactly as the training module's contract says.
 
 Curves are known closed forms, so tests can compare what the analysis reads and computes with the truth:
 loss(t) = FLOOR[size] + OFFSET[kind] + SEED_SPREAD[seed] x SEED_SCALE[kind] + 2 / sqrt(1 + t / 1e5), t in training tokens.
@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param
 
 from lightning_modules import costs, tracking
 from lightning_modules.analysis.runs import COST_COLUMNS
-from lightning_modules.config import AttentionConfig, resolve_attention
+from lightning_modules.attention import AttentionConfig, names, resolve_attention
 
 EXPERIMENT = "lrkv-lab"
 SIZES = ("nano", "20m")
@@ -52,7 +52,7 @@ class RunSpec:
 def specs() -> list[RunSpec]:
     out = []
     for size in SIZES:
-        for kind in costs.ATTENTIONS:
+        for kind in names():
             model, attention = _configs(size, kind, {})
             label = attention.label()
             for seed in SEEDS:
@@ -143,11 +143,11 @@ def tidy_table(
     flops_per_token[label]. For tests whose answers follow from straight lines, not from a store."""
     import pandas as pd
 
-    from lightning_modules.analysis.runs import COLUMNS
+    from lightning_modules.analysis.runs import columns
 
     rows = []
     for (size, attention, label, seed), points in curves.items():
-        run = {c: None for c in COLUMNS}
+        run = {c: None for c in columns()}
         run.update(
             run_id=f"{size}-{label}-{seed}",
             run_name=f"{size}-{label}-seed{seed}",
@@ -170,4 +170,4 @@ def tidy_table(
                     "flops": float(tokens) * flops_per_token[label],
                 }
             )
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return pd.DataFrame(rows, columns=list(columns()))

@@ -6,10 +6,9 @@ import math
 
 import pytest
 
-from lightning_modules import costs
 from lightning_modules.analysis import paper
 from lightning_modules.analysis.cost_tables import costs_beside_paper, flops_beside_paper, sweeps_beside_paper
-from lightning_modules.analysis.styles import ATTENTION_ORDER
+from lightning_modules.attention import names
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +19,7 @@ def table():
 def test_every_paper_size_and_attention(table) -> None:
     assert len(table) == 5 * 5
     assert list(table["size"].drop_duplicates()) == ["128m", "1b", "2.5b", "6.3b", "long-8k"]
-    assert list(table["attention"][:5]) == list(costs.ATTENTIONS)
+    assert list(table["attention"][:5]) == list(names())
 
 
 def test_lrkv_cache_matches_the_paper_and_losses_are_its(table) -> None:
@@ -58,7 +57,3 @@ def test_paper_losses_only_for_the_configurations_it_ran() -> None:
     assert paper.loss_for("1b", "lrkv", "lrkv-r8") is None
     assert paper.loss_for("nano", "mha", "mha") is None
     assert paper.loss_for("long-8k", "gqa", "gqa-g4") == 2.704
-
-
-def test_display_order_is_the_cost_tables() -> None:
-    assert ATTENTION_ORDER == costs.ATTENTIONS

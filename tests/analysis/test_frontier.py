@@ -90,7 +90,7 @@ def test_paper_frontier_reproduces_the_printed_cache_fractions() -> None:
     assert points.loc["lrkv-r46", "kv_cache_vs_mha"] == pytest.approx(
         paper.LRKV_CACHE_VS_MHA["128m"], abs=5e-4
     )
-    # PAPER.md: below about 40 % cache MLA is on the frontier, above it LRKV.
+    # docs/paper-errata.md: below about 40 % cache MLA is on the frontier, above it LRKV.
     optimal = list(points.index[points["pareto"]])
     assert optimal == ["mla-c128", "mla-c192", "mla-c384", "lrkv-r46", "lrkv-r64", "lrkv-r128"]
 

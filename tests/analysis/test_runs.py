@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from lightning_modules.analysis.errors import MissingMetricsError, MissingTagsError, NoRunsError, StoreError
-from lightning_modules.analysis.runs import COLUMNS, final_losses, load_runs
+from lightning_modules.analysis.runs import columns, final_losses, load_runs
 from lightning_modules.analysis.store import REPO_ROOT, resolve_tracking_uri
 from tests.analysis import synthetic
 
@@ -25,7 +25,7 @@ def runs(synthetic_store: str) -> pd.DataFrame:
 
 
 def test_columns_and_dtypes(runs: pd.DataFrame) -> None:
-    assert tuple(runs.columns) == COLUMNS
+    assert tuple(runs.columns) == columns()
     for column in ("run_id", "run_name", "size", "attention", "label", "budget", "git_commit", "split"):
         assert pd.api.types.is_string_dtype(runs[column]), column
     assert runs["seed"].dtype == "int64" and runs["step"].dtype == "int64"
