@@ -16,10 +16,9 @@ adjustment, decoupled weight decay), but on each logical block: row blocks of a 
 
 Under FSDP2 (docs/architecture.md, "Scale") parameters, gradients and momenta are DTensors sharded on dim 0,
 and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
-DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here the Nesterov update is
-all-gathered to the whole tensor (`full_tensor`), every logical matrix is orthogonalised whole, and each
-rank applies the rows of the result that it owns; momentum, weight decay and AdamW stay elementwise on the
-local shards. The matrices are split over the ranks (lightning_modules/optim/distributed.py): each rank
+DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here every logical matrix is
+orthogonalised whole, and each rank applies the rows of the result that it owns; momentum, weight decay
+and AdamW stay elementwise on the local shards. The matrices are split over the ranks (lightning_modules/optim/distributed.py): each rank
 gathers and orthogonalises only the matrices it owns, and the results come back to the ranks holding their
 rows, so Newton-Schulz costs each rank about 1/world of the total. `distribute_newton_schulz=False` keeps
 the earlier path (every rank gathers and orthogonalises every matrix; benchmarks/muon_step.py compares the
