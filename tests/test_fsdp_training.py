@@ -187,7 +187,7 @@ def test_consolidated_checkpoint_serves_one_device(
     assert torch.isfinite(model(torch.randint(0, 512, (1, 8)))).all()
     monkeypatch.chdir(work)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    tested = main(single_process_args("test", tiny_shards, "lrkv", "--ckpt_path", str(single),
+    tested = main(single_process_args("test", tiny_shards, "lrkv", "--ckpt_path", str(single), *ELASTIC,
                                       "--trainer.limit_test_batches", "2"))  # fmt: skip
     assert tested.trainer.logger.run_id == results(out)[0]["run_ids"]["resumed"]
     assert "test/loss" in MlflowClient(uri).get_run(tested.trainer.logger.run_id).data.metrics
