@@ -6,6 +6,13 @@ data/plan.py. In short: every rank gets the same number of train batches per epo
 (seed, epoch); validation and test read each sample exactly once across ranks and workers, with the same
 number of batches on every rank; state_dict() holds (epoch, batches delivered in it), which Lightning
 stores in checkpoints, and a fresh DataModule that loads it continues with exactly the next batches.
+
+Elastic resume. The train plan is made for `data_slices` slices of the data (default: the world size), each
+giving `global_batch_size / data_slices` samples to every global batch; a rank reads data_slices / world of
+them and joins their batches. Global batch k is therefore the same samples whatever the world size, and
+the position is kept in global samples. A checkpoint resumes on any world size that divides data_slices,
+with the same global batch (data.global_batch_size, so that each rank's batch is global / world): no
+sample is lost or repeated and the run continues as an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ class ShardDataModule(L.LightningDataModule):
 
     Args:
         data_dir: folder with manifest.json, tokenizer and shards.
-        batch_size: training samples per batch on each rank.
+        batch_size: training samples per batch on each rank (ignored when global_batch_size is set).
+        global_batch_size: training samples per optimiser step over all ranks; each rank's batch is then
+            global_batch_size / world size. Set it to resume on another number of ranks with the same
+            global batch (elastic resume, module docstring).
+        data_slices: how many slices the train plan cuts the data into (default: the world size at the
+            start, then whatever the checkpoint says). Resuming needs a world size that divides it: set it
+            to the largest number of ranks a run may resume on (e.g. 8 for 1, 2, 4 or 8 ranks).
         num_workers: DataLoader worker processes per rank (0: read in the main process).
         seed: shard order and shuffle buffer derive from (seed, epoch).
         shuffle_buffer: samples held by each worker's shuffle buffer (1: no sample shuffling).
@@ -60,11 +73,17 @@ class ShardDataModule(L.LightningDataModule):
         val_batch_size: int | None = None,
         verify: Literal["full", "quick", "off"] = "full",
         skip_bad_shards: bool = False,
+        global_batch_size: int | None = None,
+        data_slices: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
             raise ValueError("batch_size and val_batch_size must be positive")
+        if (global_batch_size is not None and global_batch_size < 1) or (
+            data_slices is not None and data_slices < 1
+        ):
+            raise ValueError("global_batch_size and data_slices must be positive")
         if num_workers < 0 or shuffle_buffer < 1:
             raise ValueError("num_workers must be >= 0 and shuffle_buffer >= 1")
         if verify not in ("full", "quick", "off"):
@@ -77,8 +96,11 @@ class ShardDataModule(L.LightningDataModule):
                 f"({Path(data_dir) / 'manifest.json'}); rebuild with --seq-len {seq_len} or set seq_len to "
                 f"{self.manifest.seq_len}"
             )
-        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.shuffle_buffer, self.val_batch_size = shuffle_buffer, val_batch_size or batch_size
+        self._batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
+        self.global_batch_size, self.data_slices = global_batch_size, data_slices
+        self._slices_from_checkpoint: int | None = None
+        self.shuffle_buffer = shuffle_buffer
+        self.val_batch_size = val_batch_size or batch_size
         self.verify_mode, self.skip_bad_shards = verify, skip_bad_shards
         self._shards: dict[str, ShardSet] = {}
         self._rank_override: tuple[int, int] | None = None
@@ -113,6 +135,35 @@ class ShardDataModule(L.LightningDataModule):
 
     def samples(self, split: str) -> int:
         return self.manifest.split(split).samples
+
+    @property
+    def batch_size(self) -> int:
+        """Training samples per batch on this rank."""
+        if self.global_batch_size is None:
+            return self._batch_size
+        if self.global_batch_size % self.world_size:
+            raise DataError(
+                f"data.global_batch_size={self.global_batch_size} is not a multiple of the world size "
+                f"{self.world_size}: choose a global batch that every rank can take an equal share of"
+            )
+        return self.global_batch_size // self.world_size
+
+    @property
+    def slices(self) -> int:
+        """Slices of the train plan (module docstring: elastic resume)."""
+        return self.data_slices or self._slices_from_checkpoint or self.world_size
+
+    @property
+    def slice_batch_size(self) -> int:
+        """Samples each slice gives to a global batch."""
+        slices, world = self.slices, self.world_size
+        if slices % world or (self.batch_size * world) % slices:
+            raise DataError(
+                f"{world} ranks cannot share {slices} data slices of a {self.batch_size * world}-sample global "
+                f"batch: resume on a world size that divides data.data_slices={slices}, with "
+                "data.global_batch_size set to the checkpoint's global batch"
+            )
+        return self.batch_size * world // slices
 
     # ---- ranks ---------------------------------------------------------------------------------------
     def set_rank(self, rank: int, world_size: int) -> None:
@@ -168,9 +219,13 @@ class ShardDataModule(L.LightningDataModule):
         return {
             "epoch": self._epoch,
             "batches_consumed": self._consumed,
+            # the same position in world-independent units: samples of this epoch trained on by all ranks
+            "global_samples": self._consumed * self.slices * self.slice_batch_size,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
+            "slices": self.slices,
+            "slice_batch_size": self.slice_batch_size,
             "streams": self._streams,
             "train_data": self._train_fingerprint(),
         }
@@ -182,6 +237,8 @@ class ShardDataModule(L.LightningDataModule):
         if missing:
             raise DataError(f"the checkpoint's data state lacks {sorted(missing)}")
         self._restored = dict(state_dict)
+        # checkpoints from before elastic resume: one slice per rank
+        self._slices_from_checkpoint = int(state_dict.get("slices", state_dict["world_size"]))
 
     # ---- shards --------------------------------------------------------------------------------------
     def shard_set(self, split: str) -> ShardSet:
@@ -227,7 +284,7 @@ class ShardDataModule(L.LightningDataModule):
         """Train batches per epoch on every rank."""
         shards = self.shard_set("train")
         world = self.world_size
-        count = train_batches_per_rank(shards.samples, world, self.batch_size)
+        count = train_batches_per_rank(shards.samples, self.slices, self.slice_batch_size)
         if count == 0:
             raise DataError(
                 f"{shards.samples} train samples give no batch of {self.batch_size} on each of {world} ranks"
@@ -242,7 +299,11 @@ class ShardDataModule(L.LightningDataModule):
         if self._restored is not None:
             state, self._restored = self._restored, None
             self._check_resumable(state)
-            epoch, consumed = int(state["epoch"]), int(state["batches_consumed"])
+            epoch = int(state["epoch"])
+            if "global_samples" in state:  # the position in samples; a global batch is the same at any world
+                consumed = int(state["global_samples"]) // (self.slices * self.slice_batch_size)
+            else:
+                consumed = int(state["batches_consumed"])
             if consumed >= batches:  # checkpoint taken at the end of an epoch
                 epoch, consumed = epoch + 1, 0
         elif self._started:
@@ -259,10 +320,16 @@ class ShardDataModule(L.LightningDataModule):
         return hashlib.sha256(" ".join(digests).encode()).hexdigest()[:16]
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
+        state = {
+            **state,
+            "slices": state.get("slices", state["world_size"]),
+            "global_batch_size": state.get("slice_batch_size", state["batch_size"])
+            * state.get("slices", state["world_size"]),
+        }
         now = {
             "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
+            "slices": self.slices,
+            "global_batch_size": self.slices * self.slice_batch_size,
             "streams": self._streams,
         }
         if "train_data" in state:
@@ -272,7 +339,8 @@ class ShardDataModule(L.LightningDataModule):
             raise DataError(
                 "cannot continue the data stream exactly: the checkpoint was taken with other data settings ("
                 + "; ".join(differ)
-                + "); num_workers decides the streams (max(1, num_workers))"
+                + "); num_workers decides the streams (max(1, num_workers)); another world size needs the same "
+                "data.global_batch_size and a data.data_slices it divides"
             )
 
     def _loader(self, dataset: torch.utils.data.IterableDataset) -> DataLoader:
@@ -310,16 +378,18 @@ class _TrainLoader:
         if consumed >= dm.batches_per_epoch:
             return
         rank, world = dm._distributed()
+        per_rank = dm.slices // world
         dataset = TrainStream(
             dm.shard_set("train"),
             seed=dm.seed,
             epoch=epoch,
             rank=rank,
-            world=world,
+            world=dm.slices,
             streams=dm._streams,
-            batch_size=dm.batch_size,
+            batch_size=dm.slice_batch_size,
             buffer=dm.shuffle_buffer,
             consumed=consumed,
+            slices=range(rank * per_rank, (rank + 1) * per_rank),
         )
         for index, batch in enumerate(dm._loader(dataset), start=consumed):
             if dm.trainer is None:  # no trainer, no hook: whoever iterates is the consumer

@@ -11,6 +11,9 @@ Train, per epoch e (all ranks compute the same plan from (seed, e) and the manif
   4. resuming after k batches: each stream knows which of its outputs were batches < k and skips them by
      index, without decoding; DataLoader worker w serves stream (w + k) % S so that the next batch, k,
      comes first.
+Elastic resume (data/datamodule.py): "rank" and "world" above are data slices and their count, fixed for a
+run; each rank reads data_slices / world of them and joins their batches, so global batch k is the same
+samples at any world size.
 Eval: rank r takes the contiguous range [r*N//world, (r+1)*N//world) (each sample once); every rank runs the
 same number of batches (sizes differ by at most one), so per-step collectives cannot hang.
 """

@@ -98,7 +98,12 @@ def _worker() -> tuple[int, int]:
 
 
 class TrainStream(IterableDataset):
-    """One rank's training batches for one epoch, starting after `consumed` batches."""
+    """One rank's training batches for one epoch, starting after `consumed` batches.
+
+    The plan (data/plan.py) is made for `world` data slices; this rank reads the slices `slices` (default:
+    slice `rank` alone) and each of its batches joins their batches, in slice order. Global batch k is
+    then batch k of every slice, whichever ranks read them, so the samples a run trains on do not depend
+    on how many ranks share the slices (elastic resume, data/datamodule.py)."""
 
     def __init__(
         self,
@@ -112,23 +117,30 @@ class TrainStream(IterableDataset):
         batch_size: int,
         buffer: int,
         consumed: int,
+        slices: Sequence[int] | None = None,
     ) -> None:
         self.shards, self.seed, self.epoch, self.rank, self.world = shards, seed, epoch, rank, world
         self.streams, self.batch_size, self.buffer, self.consumed = streams, batch_size, buffer, consumed
+        self.slices = tuple(slices) if slices is not None else (rank,)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         worker, workers = _worker()
         if workers != self.streams:
             raise RuntimeError(f"TrainStream planned for {self.streams} streams, run by {workers} workers")
         # DataLoader worker w delivers outputs w, w + S, ...: after k batches that is stream (w + k) % S.
-        yield from self.stream((worker + self.consumed) % self.streams)
+        stream = (worker + self.consumed) % self.streams
+        if len(self.slices) == 1:
+            yield from self.stream(stream, self.slices[0])
+            return
+        for parts in zip(*(self.stream(stream, s) for s in self.slices), strict=True):
+            yield torch.cat(parts)
 
-    def stream(self, stream: int) -> Iterator[torch.Tensor]:
+    def stream(self, stream: int, slice_: int | None = None) -> Iterator[torch.Tensor]:
         plan = train_stream_plan(
             self.shards.counts,
             seed=self.seed,
             epoch=self.epoch,
-            rank=self.rank,
+            rank=self.rank if slice_ is None else slice_,
             world=self.world,
             streams=self.streams,
             stream=stream,

@@ -1,7 +1,8 @@
 """A one-file checkpoint from a sharded one: python -m lightning_modules.consolidate <dir.ckpt> [out.ckpt]
 
 FSDP runs (conf/strategy/fsdp.yaml, hybrid-fsdp.yaml) save each checkpoint as a directory of per-rank shards
-plus Lightning's meta.pt (docs/architecture.md, "Scale"); they resume from it with the same world size. Everything that
+plus Lightning's meta.pt (docs/architecture.md, "Scale"); they resume from it on any world size that
+divides the data slices (README "Elastic resume"); this reads shards written by any world size. Everything that
 reads a checkpoint file on one device (test / validate without FSDP, lightning_modules.generate, the
 analysis) takes the consolidated file: full weights, hyper-parameters, compute counters, the MLflow run id.
 Optimiser states are left out: they are keyed by parameter name for FSDP and would not restore into a

@@ -4,8 +4,12 @@ the same fit interrupted at half way, its resume from the sharded checkpoint, an
 Run as `python -m tests.fsdp_driver --shards DIR --out DIR --kinds mha ... -- <more main() args>` with
 --trainer.devices 2 (Lightning's launcher starts the second process by re-running this command), or under
 torchrun. Every rank runs the same fits; each writes what it can see to OUT/<kind>/rank<r>.json. Losses and
-tags are read from MLflow by the test. Three fits per process keep the start-up cost (imports, launcher,
-process group) to once per job.
+tags are read from MLflow by the test; the straight and interrupted fits also write their global batches
+(loss and sample digests, tests.training_callbacks.RecordGlobalBatches) to OUT/<kind>/<fit>.json. Three fits
+per process keep the start-up cost (imports, launcher, process group) to once per job.
+
+With `--resume CKPT --name NAME` the job runs only the fit resumed from CKPT (any world size: elastic
+resume), recording to OUT/<kind>/NAME.json, its checkpoints in OUT/<kind>/NAME/.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ def fit_args(kind: str, shards: str, extra: list[str], dirpath: Path) -> list[st
     ]  # fmt: skip
 
 
+def record(path: Path) -> list[str]:
+    return ["--trainer.callbacks+=tests.training_callbacks.RecordGlobalBatches", "--trainer.callbacks.path",
+            str(path)]  # fmt: skip
+
+
 def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
     """Largest |a - b| over all parameters and all ranks (each rank compares the shards it holds)."""
     worst = torch.zeros(())
@@ -65,9 +74,11 @@ def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 
 def run(kind: str, shards: str, out: Path, extra: list[str]) -> None:
-    straight = main(fit_args(kind, shards, extra, out / "straight"))
+    straight = main(fit_args(kind, shards, extra, out / "straight") + record(out / "straight.json"))
     stop = ["--trainer.callbacks+=tests.training_callbacks.StopAtStep", "--trainer.callbacks.step", str(STOP)]
-    interrupted = main(fit_args(kind, shards, extra, out / "interrupted") + stop)
+    interrupted = main(
+        fit_args(kind, shards, extra, out / "interrupted") + stop + record(out / "interrupted.json")
+    )
     half = out / "interrupted" / f"epoch=0-step={STOP}.ckpt"
     resumed = main(fit_args(kind, shards, extra, out / "resumed") + ["--ckpt_path", str(half)])
     final = out / "resumed" / f"epoch=0-step={STEPS}.ckpt"
@@ -106,13 +117,21 @@ def cli() -> None:
     parser.add_argument("--shards", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--kinds", nargs="+", required=True)
+    parser.add_argument("--resume", help="only resume from this checkpoint")
+    parser.add_argument(
+        "--name", default="resumed-elsewhere", help="with --resume: the fit's folder and record"
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more main() arguments")
     args = parser.parse_args()
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     for kind in args.kinds:
         out = Path(args.out) / kind
         out.mkdir(parents=True, exist_ok=True)
-        run(kind, args.shards, out, extra)
+        if args.resume:
+            fit = fit_args(kind, args.shards, extra, out / args.name) + record(out / f"{args.name}.json")
+            main([*fit, "--ckpt_path", args.resume])
+        else:
+            run(kind, args.shards, out, extra)
     dist.barrier()  # neither rank tears down its connections while the other still uses them
     dist.destroy_process_group()
 

@@ -3,7 +3,10 @@ processes: MuonAdamW given the same gradients as DTensor shards moves every shar
 parameter moves (where torch.optim.Muon, which orthogonalises each shard alone, does not); and a tiny
 decoder sharded by `parallelize` (full, hybrid (replicate 2, shard 1) and hybrid (1, 2) meshes, with and
 without activation checkpointing) gets the same gradients from half a batch per rank and takes the same
-AdamW and Muon steps as one process on the whole batch.
+AdamW and Muon steps as one process on the whole batch. Both Muon paths are checked at the optimiser level:
+Newton-Schulz split over the ranks (the default) and every rank orthogonalising every matrix (the earlier
+path); end to end, the split one runs about 1/world of the Newton-Schulz FLOPs on each rank, and its transient buffers are bounded by the
+rank's shard and the matrices it owns.
 """
 
 from __future__ import annotations
@@ -53,21 +56,25 @@ def optimizer_level(rank: int) -> None:
     def groups(ps: list[torch.nn.Parameter]) -> list[dict]:
         return [{"params": ps[:3], "use_muon": True}, {"params": ps[3:], "use_muon": False}]
 
+    again = [torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])) for p in ref]
     opts = [MuonAdamW(groups(ps), lr=0.02, blocks={ps[0]: (3, 4)}) for ps in (ref, sharded)]
+    opts.append(MuonAdamW(groups(again), lr=0.02, blocks={again[0]: (3, 4)}, distribute_newton_schulz=False))
     torch_muon = torch.optim.Muon(
         [torch.nn.Parameter(distribute_tensor(ref[2].detach().clone(), mesh, [Shard(0)]))], lr=0.02
     )
     for step in range(3):
         g = torch.Generator().manual_seed(step)
         grads = [torch.randn(s, generator=g) for s in shapes]
-        for p, q, grad in zip(ref, sharded, grads, strict=True):
+        for p, q, r, grad in zip(ref, sharded, again, grads, strict=True):
             p.grad = grad
             q.grad = distribute_tensor(grad, mesh, [Shard(0)])
+            r.grad = distribute_tensor(grad, mesh, [Shard(0)])
         torch_muon.param_groups[0]["params"][0].grad = sharded[2].grad.clone()
         for opt in (*opts, torch_muon):
             opt.step()
-    for p, q in zip(ref, sharded, strict=True):
+    for p, q, r in zip(ref, sharded, again, strict=True):
         assert torch.equal(q.full_tensor(), p.detach()), q.shape
+        assert torch.equal(r.full_tensor(), p.detach()), r.shape
     # torch's Muon on the shards is another update (each half orthogonalised alone): the check can fail.
     wrong = torch_muon.param_groups[0]["params"][0].full_tensor()
     assert not torch.allclose(wrong, ref[2].detach(), atol=1e-4)
@@ -109,6 +116,26 @@ def end_to_end(rank: int, optimizer: str) -> None:
         for (name, p), q, p0 in zip(ref.named_parameters(), model.parameters(), start, strict=True):
             assert not torch.equal(p.detach(), p0) or name.endswith("norm.weight"), f"{name} did not move"
             assert torch.equal(full(q).detach(), p.detach()), f"{optimizer} {kind} {config.sharding} {name}"
+        if optimizer == "muon":
+            check_work_and_memory(ref_opt, opt)
+
+
+def check_work_and_memory(ref_opt: MuonAdamW, opt: MuonAdamW) -> None:
+    """Newton-Schulz FLOPs: the ranks' counts add up to one process's, and each rank runs about 1/world of
+    them. Transient bytes of the split exchange: fp32 in and bf16 out of
+    this rank's shard and of the matrices it owns, 8 bytes per element of each, never the whole group."""
+    flops = [0] * WORLD
+    dist.all_gather_object(flops, opt.ns_flops)
+    total = ref_opt.ns_flops
+    assert sum(flops) == total, (flops, total)
+    assert max(flops) <= 1.05 * total / WORLD, (flops, total)
+    group = next(g for g in opt.param_groups if g["use_muon"])
+    (plan,) = opt._plans.values()
+    shard = sum(p.to_local().numel() for p in group["params"])
+    owned = sum(m.shape.numel() for m in plan.owned)
+    whole = sum(p.numel() for p in group["params"])
+    assert owned <= 1.05 * whole / WORLD, (owned, whole)
+    assert 0 < opt.transient_bytes <= 8 * (shard + owned), (opt.transient_bytes, shard, owned)
 
 
 def worker(rank: int, port: int, scenario: str) -> None:

@@ -1,7 +1,9 @@
 """FSDP2 through main() on CPU with gloo, two processes (docs/architecture.md, "Scale"): every attention fits, writes a
 sharded checkpoint, resumes from it exactly as an uninterrupted run continues, and tests from it; hybrid
 sharding runs across two torchrun "nodes" on this machine and trains the same model; a consolidated
-checkpoint serves generation and a single-process test.
+checkpoint serves generation and a single-process test. Elastic resume: a checkpoint written by 2 ranks
+resumes on 1 rank and on 4 ranks (and the two-node hybrid run on one node) with the same global batches
+and losses as the uninterrupted run.
 
 One job per launch (tests/fsdp_driver.py runs all the fits of all attentions in the same two processes),
 so the start-up cost is paid once.
@@ -44,8 +46,14 @@ def launch(commands: list[list[str]], cwd: Path, uri: str, timeout: float = 540)
         assert proc.returncode == 0, output[-6000:]
 
 
-def driver(shards: Path, out: Path, kinds: tuple[str, ...]) -> list[str]:
-    return ["-m", "tests.fsdp_driver", "--shards", str(shards), "--out", str(out), "--kinds", *kinds, "--"]
+# A global batch of 8 in 4 data slices (data/datamodule.py): 4 samples per rank on 2 ranks, and the
+# checkpoints resume on 1 or 4 ranks with the same global batches.
+ELASTIC = ["--data.global_batch_size", "8", "--data.data_slices", "4"]
+
+
+def driver(shards: Path, out: Path, kinds: tuple[str, ...], *more: str) -> list[str]:
+    return ["-m", "tests.fsdp_driver", "--shards", str(shards), "--out", str(out), "--kinds", *kinds, *more,
+            "--", *ELASTIC]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +73,7 @@ def fsdp_runs(tiny_shards: Path, store: tuple[Path, str]) -> Path:
     work, uri = store
     out = work / "fsdp"
     strategy = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", "2"]
-    launch([[sys.executable, *driver(tiny_shards, out, KINDS), *strategy]], work, uri)
+    launch([[sys.executable, *driver(tiny_shards, out, KINDS), *strategy]], work, uri, timeout=900)  # 20 fits
     return out
 
 
@@ -118,6 +126,45 @@ def test_fsdp_fit_checkpoint_resume(kind: str, fsdp_runs: Path, store: tuple[Pat
     assert tags["attention_kernel"] == "sdpa"  # CPU: flash-attn cannot run
 
 
+def records(path: Path) -> dict[int, dict]:
+    return {int(k): v for k, v in json.loads(path.read_text()).items()}
+
+
+def assert_continues(out: Path, name: str) -> None:
+    """The fit `name`, resumed from the interrupted run's checkpoint, trains on exactly the global batches
+    of the uninterrupted run (none lost, none repeated, same order) with the same losses (1e-5)."""
+    straight, interrupted = records(out / "straight.json"), records(out / "interrupted.json")
+    resumed = records(out / f"{name}.json")
+    assert sorted(straight) == list(range(STEPS)) and sorted(interrupted) == list(range(STOP))
+    assert sorted(resumed) == list(range(STOP, STEPS))
+    joined = {**interrupted, **resumed}
+    seen = [s for step in range(STEPS) for s in joined[step]["samples"]]
+    assert len(seen) == STEPS * 8 and len(set(seen)) == len(seen)  # a global batch of 8, no sample twice
+    for step in range(STEPS):
+        assert joined[step]["samples"] == straight[step]["samples"], step
+        assert joined[step]["loss"] == pytest.approx(straight[step]["loss"], abs=1e-5), step
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_two_rank_checkpoint_resumes_on_another_world_size(
+    world: int, fsdp_runs: Path, store: tuple[Path, str], tiny_shards: Path
+) -> None:
+    work, uri = store
+    out = fsdp_runs / "lrkv"
+    half = out / "interrupted" / f"epoch=0-step={STOP}.ckpt"
+    name = f"resumed-on-{world}"
+    more = ("--resume", str(half), "--name", name)
+    strategy = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", str(world)]
+    launch([[sys.executable, *driver(tiny_shards, fsdp_runs, ("lrkv",), *more), *strategy]], work, uri)
+    assert_continues(out, name)
+    # the consolidate command reads what 1 or 4 ranks wrote: the uninterrupted run's model
+    final = consolidate(out / name / f"epoch=0-step={STEPS}.ckpt")["state_dict"]
+    reference = consolidate(out / "straight" / f"epoch=0-step={STEPS}.ckpt")["state_dict"]
+    assert final.keys() == reference.keys()
+    for key, weight in reference.items():
+        torch.testing.assert_close(final[key], weight, rtol=0, atol=1e-4, msg=key)
+
+
 def test_consolidated_checkpoint_serves_one_device(
     fsdp_runs: Path, store: tuple[Path, str], tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,7 +187,7 @@ def test_consolidated_checkpoint_serves_one_device(
     assert torch.isfinite(model(torch.randint(0, 512, (1, 8)))).all()
     monkeypatch.chdir(work)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    tested = main(single_process_args("test", tiny_shards, "lrkv", "--ckpt_path", str(single),
+    tested = main(single_process_args("test", tiny_shards, "lrkv", "--ckpt_path", str(single), *ELASTIC,
                                       "--trainer.limit_test_batches", "2"))  # fmt: skip
     assert tested.trainer.logger.run_id == results(out)[0]["run_ids"]["resumed"]
     assert "test/loss" in MlflowClient(uri).get_run(tested.trainer.logger.run_id).data.metrics
@@ -182,6 +229,15 @@ def test_hybrid_fsdp_across_two_torchrun_nodes(
     # gradients themselves are compared tightly in tests/test_fsdp_muon.py.
     for step in range(1, STEPS):
         assert hybrid[step] == pytest.approx(full[step], rel=2e-4), step
+    # Elastic: the two-node checkpoint resumes on one node (one process, a (replicate 1, shard 1) mesh).
+    half = out / "mha" / "interrupted" / f"epoch=0-step={STOP}.ckpt"
+    one_node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                *driver(tiny_shards, out, ("mha",), "--resume", str(half), "--name", "one-node"),
+                "--config", str(ROOT / "conf/strategy/hybrid-fsdp.yaml"), "--trainer.num_nodes", "1",
+                "--trainer.devices", "1"]  # fmt: skip
+    launch([one_node], work, uri)
+    assert_continues(out / "mha", "one-node")
 
 
 def test_fsdp_with_compile_and_checkpointing_resumes_exactly(

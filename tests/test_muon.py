@@ -81,3 +81,38 @@ def test_rejects_vectors_and_bad_blocks() -> None:
     p = torch.nn.Parameter(torch.ones(6, 2))
     with pytest.raises(ValueError, match=r"blocks \(2, 3\) do not split"):
         MuonAdamW([{"params": [p], "use_muon": True}], blocks={p: (2, 3)})
+
+
+def test_newton_schulz_flops_are_counted_as_torch_counts_them() -> None:
+    """ns_flops after a step equals torch's flop counter over that step (row blocks, 3-D stack, a plain
+    matrix taller than wide): the count the distributed split balances is the work actually done."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    fused, stack, tall = (torch.nn.Parameter(torch.randn(s)) for s in [(12, 5), (3, 6, 4), (20, 6)])
+    opt = MuonAdamW([{"params": [fused, stack, tall], "use_muon": True}], lr=0.02, blocks={fused: (4, 8)})
+    _grads([fused, stack, tall], 0)
+    with FlopCounterMode(display=False) as counter:
+        opt.step()
+    assert opt.ns_flops == counter.get_total_flops() > 0
+
+
+def test_assignment_balances_flops_largest_first() -> None:
+    from lightning_modules.optim.distributed import assign, ns_flops, split_matrices
+
+    shapes = [torch.Size((12, 5)), torch.Size((3, 6, 4)), torch.Size((20, 6))]
+    units = split_matrices(shapes, [(4, 8), None, None])
+    assert [u[:3] for u in units] == [(0, 0, 4), (0, 4, 12), (1, 0, 1), (1, 1, 2), (1, 2, 3), (2, 0, 20)]
+    assert units[2][3] == torch.Size((6, 4))
+    assert assign([5, 9, 4, 4, 1], 2) == [
+        1,
+        0,
+        1,
+        0,
+        1,
+    ]  # 9 to 0, 5 to 1, 4 to 1 (5 < 9), 4 to 0 (tie), 1 to 1
+    flops = [ns_flops(u[3], 5) for u in units]
+    for world in (1, 2, 3):
+        owner = assign(flops, world)
+        load = [sum(f for f, o in zip(flops, owner, strict=True) if o == r) for r in range(world)]
+        assert sum(load) == sum(flops) and max(load) <= 4 / 3 * max(sum(flops) / world, max(flops))

@@ -45,3 +45,59 @@ class AtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step:
             ACTIONS[self.action](trainer)
+
+
+class RecordGlobalBatches(L.Callback):
+    """Write, for every optimizer step, the loss of the whole global batch (mean over ranks of equal
+    shares) and a digest of each of its samples in rank order, to `path` (JSON, by rank 0): what elastic
+    resume must keep equal to an uninterrupted run."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.steps = path, {}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        import hashlib
+
+        loss = outputs["loss"].detach().float().clone()
+        batches = trainer.strategy.all_gather(batch)  # (world, b, T + 1), or (b, T + 1) on one rank
+        loss = trainer.strategy.reduce(loss, reduce_op="mean")
+        rows = batches.reshape(-1, batch.shape[-1]).cpu()
+        digests = [hashlib.sha1(r.numpy().tobytes()).hexdigest()[:16] for r in rows]
+        self.steps[trainer.global_step - 1] = {"loss": float(loss), "samples": digests}
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        import json
+
+        if trainer.global_rank == 0:
+            with open(self.path, "w") as f:
+                json.dump(self.steps, f)
+
+
+class RecordEnvironment(L.Callback):
+    """Write what the launch gave this rank to `path`/rank<r>.json: Lightning's cluster environment, the
+    ranks, the device mesh the decoder was sharded on, and the steps trained."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.seen = path, {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        weight = pl_module.model.blocks[0].attn_norm.weight
+        self.seen = {
+            "environment": type(trainer.strategy.cluster_environment).__name__,
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "mesh": str(getattr(weight, "device_mesh", None)),
+            "placements": [str(p) for p in getattr(weight, "placements", ())],
+        }
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        import json
+        from pathlib import Path
+
+        self.seen["global_step"] = trainer.global_step
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        (Path(self.path) / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))

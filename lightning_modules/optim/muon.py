@@ -16,11 +16,14 @@ adjustment, decoupled weight decay), but on each logical block: row blocks of a 
 
 Under FSDP2 (docs/architecture.md, "Scale") parameters, gradients and momenta are DTensors sharded on dim 0,
 and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
-DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here the Nesterov update is
-all-gathered to the whole tensor (`full_tensor`), every logical matrix is orthogonalised whole, and each
-rank applies the rows of the result that it owns; momentum, weight decay and AdamW stay elementwise on the
-local shards. Every rank orthogonalises every matrix (redundant work, no extra collective beyond the
-gather); tests/test_fsdp_muon.py shows the sharded step equals the unsharded one.
+DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Here every logical matrix is
+orthogonalised whole, and each rank applies the rows of the result that it owns; momentum, weight decay
+and AdamW stay elementwise on the local shards. The matrices are split over the ranks (lightning_modules/optim/distributed.py): each rank
+gathers and orthogonalises only the matrices it owns, and the results come back to the ranks holding their
+rows, so Newton-Schulz costs each rank about 1/world of the total. `distribute_newton_schulz=False` keeps
+the earlier path (every rank gathers and orthogonalises every matrix; benchmarks/muon_step.py compares the
+two). tests/test_fsdp_muon.py shows the sharded step equals the unsharded one, bitwise, on both paths.
+`ns_flops` counts the Newton-Schulz FLOPs this rank has run.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.optim import Optimizer
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _adjust_lr, _zeropower_via_newtonschulz
 from torch.optim.adamw import adamw
+
+from lightning_modules.optim.distributed import Plan, mesh_key, ns_flops
 
 
 def orthogonalise(
@@ -83,8 +88,11 @@ class MuonAdamW(Optimizer):
         betas: tuple[float, float] = (0.9, 0.95),
         adam_eps: float = 1e-8,
         blocks: dict[Tensor, tuple[int, ...]] | None = None,
+        distribute_newton_schulz: bool = True,
     ) -> None:
-        """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps)."""
+        """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps).
+        distribute_newton_schulz: under FSDP, each rank orthogonalises only its share of the matrices
+        (module docstring); False: every rank orthogonalises every matrix."""
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -100,6 +108,10 @@ class MuonAdamW(Optimizer):
         )
         super().__init__(params, defaults)
         self.blocks = blocks or {}
+        self.distribute_newton_schulz = distribute_newton_schulz
+        self.ns_flops = 0  # Newton-Schulz FLOPs run on this rank so far
+        self.transient_bytes = 0  # largest transient buffers of one distributed exchange so far
+        self._plans: dict[tuple, Plan] = {}
         for group in self.param_groups:
             if not group["use_muon"]:
                 continue
@@ -132,24 +144,65 @@ class MuonAdamW(Optimizer):
             if not group["use_muon"]:
                 self._adamw_step(group)
                 continue
-            lr, momentum = group["lr"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                if isinstance(update, DTensor):
-                    update = update.full_tensor()  # whole logical matrices (module docstring)
-                update = orthogonalise(
-                    update, self.blocks.get(p), group["ns_coefficients"], group["ns_steps"], group["eps"]
-                )
-                p.mul_(1 - lr * group["weight_decay"])
-                self._apply(p, update, lr, group["adjust_lr_fn"])
+            self._muon_step(group)
         return loss
+
+    def _muon_step(self, group: dict) -> None:
+        lr, momentum = group["lr"], group["momentum"]
+        ns, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
+        params = []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            state["momentum_buffer"].lerp_(p.grad, 1 - momentum)
+            params.append(p)
+
+        def nesterov(p: Tensor) -> Tensor:
+            buf = self.state[p]["momentum_buffer"]
+            return p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+
+        sharded: dict[tuple, list[Tensor]] = {}
+        for p in params:
+            if isinstance(p, DTensor) and self.distribute_newton_schulz:
+                sharded.setdefault(mesh_key(p), []).append(p)
+        done: dict[Tensor, tuple[Tensor, int]] = {}  # p: (its rows of the result, global index of the first)
+        for ps in sharded.values():
+            plan = self._plan(ps, steps)
+            results, transient = plan.exchange(
+                [nesterov(p).to_local() for p in ps], lambda m: _zeropower_via_newtonschulz(m, ns, steps, eps)
+            )
+            self.ns_flops += plan.flops_per_rank[plan.me]
+            self.transient_bytes = max(self.transient_bytes, transient)
+            for j, (p, result) in enumerate(zip(ps, results, strict=True)):
+                done[p] = (result, plan.rows[j][plan.me][0])
+        for p in params:
+            if p in done:
+                update, offset = done.pop(p)
+            else:  # one process, DDP, or the earlier FSDP path: every matrix here, whole
+                update = nesterov(p)
+                update = update.full_tensor() if isinstance(update, DTensor) else update
+                update = orthogonalise(update, self.blocks.get(p), ns, steps, eps)
+                self.ns_flops += sum(ns_flops(shape, steps) for shape in self.block_shapes(p))
+                update, offset = local_rows(p, update) if isinstance(p, DTensor) else (update, 0)
+            p.mul_(1 - lr * group["weight_decay"])
+            self._apply(p, update, offset, lr, group["adjust_lr_fn"])
+
+    def _plan(self, params: list[Tensor], steps: int) -> Plan:
+        key = (steps, *(id(p) for p in params))
+        if key not in self._plans:
+            first = params[0]
+            assert isinstance(first, DTensor)
+            self._plans[key] = Plan(
+                [p.shape for p in params],
+                [self.blocks.get(p) for p in params],
+                first.device_mesh,
+                first.placements,
+                steps,
+            )
+        return self._plans[key]
 
     def _adamw_step(self, group: dict) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
@@ -184,14 +237,11 @@ class MuonAdamW(Optimizer):
             maximize=False,
         )
 
-    def _apply(self, p: Tensor, update: Tensor, lr: float, adjust_lr_fn: str | None) -> None:
-        """p -= adjusted lr x update, with update the whole (global-shape) orthogonalised tensor; a sharded p
-        takes the rows it owns (global rows offset .. offset + its local rows)."""
+    def _apply(self, p: Tensor, update: Tensor, offset: int, lr: float, adjust_lr_fn: str | None) -> None:
+        """p -= adjusted lr x update, with update p's own rows of the orthogonalised tensor: all of them, or,
+        for a sharded p, the rows it owns (global rows offset .. offset + its local rows)."""
         shapes = self.block_shapes(p)
-        target, offset = p, 0
-        if isinstance(p, DTensor):
-            target = p.to_local()  # a view: updating it updates the shard in place
-            update, offset = local_rows(p, update)
+        target = p.to_local() if isinstance(p, DTensor) else p  # a view: updating it updates the shard
         if len(set(shapes)) == 1:  # one LR for the whole parameter
             target.add_(update.to(p.dtype), alpha=-_adjust_lr(lr, adjust_lr_fn, shapes[0]))
             return

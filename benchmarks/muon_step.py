@@ -1,0 +1,114 @@
+"""Muon's optimiser step under FSDP on gloo ranks: Newton-Schulz split over the ranks (each rank
+orthogonalises the matrices it owns, lightning_modules/optim/distributed.py) against the earlier path
+(every rank gathers and orthogonalises every matrix), same model, same gradients, same run.
+
+    python benchmarks/muon_step.py [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
+
+Each rank runs one thread. The model is sharded by `parallelize` as in training, given fixed random
+gradients, and each path takes warm-up steps, then `--steps` timed steps (median of the slowest rank per
+step). Also printed: Newton-Schulz GFLOPs per rank per step on each path and the split's transient bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lightning_modules import costs  # noqa: E402
+from lightning_modules.attention import AttentionConfig  # noqa: E402
+from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
+from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize  # noqa: E402
+from lightning_modules.transformer import Transformer  # noqa: E402
+
+WARMUP = 2
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    lightning_mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    mesh = data_parallel_mesh(lightning_mesh, "full", num_nodes=1)
+    torch.manual_seed(0)
+    config, _ = costs.load_configs([costs.fragment("model", args.size)])
+    model = Transformer(config, AttentionConfig(kind=args.attention))
+    parallelize(model, ParallelConfig(), mesh, param_dtype=None)
+    g = torch.Generator().manual_seed(1)
+    grads = {}
+    for name, p in model.named_parameters():
+        grads[name] = distribute_tensor(torch.randn(p.shape, generator=g) * 1e-3, p.device_mesh, p.placements)
+    result = {}
+    for label, distribute in (("earlier", False), ("split", True)):
+        opt = build_optimizer(model, OptimizerConfig(name="muon", lr=0.02))
+        opt.distribute_newton_schulz = distribute
+        times = []
+        for step in range(WARMUP + args.steps):
+            for name, p in model.named_parameters():
+                p.grad = grads[name]
+            dist.barrier()
+            start = time.perf_counter()
+            opt.step()
+            elapsed = torch.tensor(time.perf_counter() - start)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank ends
+            if step >= WARMUP:
+                times.append(elapsed.item())
+        flops = [0] * world
+        dist.all_gather_object(flops, opt.ns_flops // (WARMUP + args.steps))
+        result[label] = {
+            "step_s": statistics.median(times),
+            "ns_gflops_per_rank": [f / 1e9 for f in flops],
+            "transient_mib": opt.transient_bytes / 2**20,
+        }
+    if rank == 0:
+        result["params"] = sum(p.numel() for p in model.parameters())
+        Path(out).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="20m")
+    parser.add_argument("--attention", default="lrkv")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"muon_step_{os.getpid()}.json"
+    mp.spawn(worker, args=(args.world, port, args, str(out)), nprocs=args.world, join=True)
+    result = json.loads(out.read_text())
+    out.unlink()
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.size} {args.attention}, {result['params'] / 1e6:.1f}M parameters, {args.world} gloo ranks")
+    for label in ("earlier", "split"):
+        r = result[label]
+        gflops = ", ".join(f"{f:.2f}" for f in r["ns_gflops_per_rank"])
+        print(f"  {label:8s} step {r['step_s'] * 1e3:8.1f} ms   Newton-Schulz GFLOPs per rank [{gflops}]")
+    print(f"  speed-up {result['earlier']['step_s'] / result['split']['step_s']:.2f}x")
+    print(f"  split exchange transient buffers {result['split']['transient_mib']:.1f} MiB per rank")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Newton-Schulz split over ranks: each rank orthogonalises only the logical matrices it owns.
+
+Under FSDP2 every Muon parameter is a DTensor sharded on dim 0 (Shard(0), or (Replicate(), Shard(0)) on a
+hybrid mesh), so each rank holds some rows of every matrix. One step here is:
+
+1. plan (once per set of shapes): cut every parameter into its logical matrices (row blocks of a fused
+   weight, each matrix of a 3-D stack, else the whole matrix) and give each matrix to one rank, largest
+   Newton-Schulz FLOPs first, always to the least loaded rank (greedy LPT: the busiest rank does at most
+   4/3 of the optimum, and at the sizes we train it is within a few % of total / world);
+2. gather: one all_to_all sends every rank's rows of a matrix to the matrix's owner. An owner takes the
+   rows from the ranks of its own replica (same coordinate on the replicate mesh dimension), which hold
+   each row exactly once;
+3. each owner orthogonalises its matrices whole (the same function, on the same values, as one process);
+4. scatter: a second all_to_all sends each rank the rows of every result that it holds. Newton-Schulz
+   returns bf16, so the results travel in bf16, which is exact.
+
+So a sharded step equals the single-process step bitwise (tests/test_fsdp_muon.py), Newton-Schulz FLOPs
+per rank are about 1/world of the total, and the transient buffers of a step are this rank's rows of the
+group (its shard, already the size of its momentum) plus the matrices it owns, never the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+
+def ns_flops(shape: Sequence[int], steps: int) -> int:
+    """FLOPs of torch's Newton-Schulz on one (m, n) matrix: with k = min(m, n), N = max(m, n), each step is
+    X X^T (2k^2 N), b A + c A A (2k^3) and a X + B X (2k^2 N); checked against torch's flop counter in
+    tests/test_muon.py."""
+    k, n = sorted(shape)
+    return steps * (4 * k * k * n + 2 * k**3)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One logical matrix: rows start..stop (dim 0) of parameter `param`, orthogonalised as `shape`."""
+
+    param: int
+    start: int
+    stop: int
+    shape: torch.Size
+    flops: int
+    owner: int
+
+
+def split_matrices(shapes: Sequence[torch.Size], blocks: Sequence[tuple[int, ...] | None]) -> list[tuple]:
+    """(param, start, stop, matrix shape) for every logical matrix of the parameters, in parameter order."""
+    out = []
+    for i, (shape, rows) in enumerate(zip(shapes, blocks, strict=True)):
+        if len(shape) == 3:
+            out += [(i, h, h + 1, torch.Size(shape[1:])) for h in range(shape[0])]
+        else:
+            start = 0
+            for r in rows or (shape[0],):
+                out.append((i, start, start + r, torch.Size((r, shape[1]))))
+                start += r
+    return out
+
+
+def assign(flops: Sequence[int], world: int) -> list[int]:
+    """Owner of each item: largest first, each to the least loaded rank (lowest rank on ties), so every rank
+    computes the same assignment without talking."""
+    load = [0] * world
+    owner = [0] * len(flops)
+    for i in sorted(range(len(flops)), key=lambda i: (-flops[i], i)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[i], load[rank] = rank, load[rank] + flops[i]
+    return owner
+
+
+class Plan:
+    """Who owns which matrix and who holds which rows, for parameters that share one mesh."""
+
+    def __init__(
+        self,
+        shapes: Sequence[torch.Size],
+        blocks: Sequence[tuple[int, ...] | None],
+        mesh: DeviceMesh,
+        placements: Sequence,
+        ns_steps: int,
+    ) -> None:
+        if mesh.ndim == 1:
+            self.group = mesh.get_group()
+        elif mesh.mesh.numel() == dist.get_world_size():
+            self.group = dist.group.WORLD
+        else:
+            raise ValueError("distributed Muon: a multi-dimensional mesh must span every rank")
+        self.world = dist.get_world_size(self.group)
+        order = [dist.get_global_rank(self.group, i) for i in range(self.world)]
+        coords = {int(r): c for c, r in _coordinates(mesh)}
+        me = dist.get_rank()
+        self.me = order.index(me)
+        shard_dims = [d for d, p in enumerate(placements) if p == Shard(0)]
+        # ranks (by index in the group) holding each row of each parameter: [(lo, hi)] per rank
+        self.rows = [[_row_range(shape, mesh, coords[r], placements) for r in order] for shape in shapes]
+        replica = [tuple(c for d, c in enumerate(coords[r]) if d not in shard_dims) for r in order]
+        self.sources = [[s for s in range(self.world) if replica[s] == replica[o]] for o in range(self.world)]
+        units = split_matrices(shapes, blocks)
+        flops = [ns_flops(shape, ns_steps) for *_, shape in units]
+        owners = assign(flops, self.world)
+        self.matrices = [
+            Matrix(p, a, b, shape, f, o) for (p, a, b, shape), f, o in zip(units, flops, owners, strict=True)
+        ]
+        self.owned = [m for m in self.matrices if m.owner == self.me]
+        self.flops_per_rank = [sum(m.flops for m in self.matrices if m.owner == r) for r in range(self.world)]
+
+    def overlap(self, m: Matrix, rank: int) -> tuple[int, int]:
+        """Rows of m that `rank` holds, as global row indices (empty when lo >= hi)."""
+        lo, hi = self.rows[m.param][rank]
+        return max(m.start, lo), min(m.stop, hi)
+
+    def exchange(
+        self, local: Sequence[Tensor], orthogonalise: Callable[[Tensor], Tensor]
+    ) -> tuple[list[Tensor], int]:
+        """local: this rank's rows of every parameter's update. Returns this rank's rows of every
+        orthogonalised update, and the bytes of the transient buffers this step allocated."""
+        flat = [t.reshape(t.shape[0], -1) for t in local]
+        dtype = flat[0].dtype if flat else torch.float32
+        # 1. my rows of every matrix, to its owner (if I am one of the owner's sources)
+        send, send_sizes = [], []
+        for o in range(self.world):
+            size = 0
+            if self.me in self.sources[o]:
+                for m in self.matrices:
+                    if m.owner == o:
+                        lo, hi = self.overlap(m, self.me)
+                        if lo < hi:
+                            base = self.rows[m.param][self.me][0]
+                            send.append(flat[m.param][lo - base : hi - base].to(dtype).reshape(-1))
+                            size += send[-1].numel()
+            send_sizes.append(size)
+        recv_sizes = []
+        for s in range(self.world):
+            size = 0
+            if s in self.sources[self.me]:
+                for m in self.owned:
+                    lo, hi = self.overlap(m, s)
+                    size += max(0, hi - lo) * flat[m.param].shape[1]
+            recv_sizes.append(size)
+        send_buf = torch.cat(send) if send else flat[0].new_empty(0, dtype=dtype)
+        recv_buf = send_buf.new_empty(sum(recv_sizes))
+        dist.all_to_all_single(recv_buf, send_buf, recv_sizes, send_sizes, group=self.group)
+        # 2. assemble and orthogonalise my matrices
+        pieces = list(recv_buf.split(recv_sizes))
+        cursor = [0] * self.world
+        results: list[Tensor] = []
+        for m in self.owned:
+            rows = []
+            for s in sorted(self.sources[self.me], key=lambda s: self.rows[m.param][s][0]):
+                lo, hi = self.overlap(m, s)
+                if lo < hi:
+                    n = (hi - lo) * flat[m.param].shape[1]
+                    rows.append(pieces[s][cursor[s] : cursor[s] + n])
+                    cursor[s] += n
+            results.append(orthogonalise(torch.cat(rows).reshape(m.shape)).reshape(m.stop - m.start, -1))
+        # 3. every rank's rows of my results, back to it
+        out_dtype = results[0].dtype if results else torch.bfloat16
+        send2, send2_sizes = [], []
+        for r in range(self.world):
+            size = 0
+            for m, res in zip(self.owned, results, strict=True):
+                lo, hi = self.overlap(m, r)
+                if lo < hi:
+                    send2.append(res[lo - m.start : hi - m.start].reshape(-1))
+                    size += send2[-1].numel()
+            send2_sizes.append(size)
+        recv2_sizes = [0] * self.world
+        for m in self.matrices:
+            lo, hi = self.overlap(m, self.me)
+            recv2_sizes[m.owner] += max(0, hi - lo) * flat[m.param].shape[1]
+        send2_buf = torch.cat(send2) if send2 else send_buf.new_empty(0, dtype=out_dtype)
+        recv2_buf = send2_buf.new_empty(sum(recv2_sizes), dtype=out_dtype)
+        dist.all_to_all_single(recv2_buf, send2_buf.to(out_dtype), recv2_sizes, send2_sizes, group=self.group)
+        out = [t.new_empty(t.shape, dtype=out_dtype) for t in flat]
+        pieces = list(recv2_buf.split(recv2_sizes))
+        cursor = [0] * self.world
+        for m in self.matrices:
+            lo, hi = self.overlap(m, self.me)
+            if lo < hi:
+                n = (hi - lo) * flat[m.param].shape[1]
+                base = self.rows[m.param][self.me][0]
+                out[m.param][lo - base : hi - base] = pieces[m.owner][
+                    cursor[m.owner] : cursor[m.owner] + n
+                ].view(hi - lo, -1)
+                cursor[m.owner] += n
+        buffers = [send_buf, recv_buf, *results, send2_buf, recv2_buf, *out]
+        transient = sum(b.numel() * b.element_size() for b in buffers)
+        return [o.view(t.shape) for o, t in zip(out, local, strict=True)], transient
+
+
+def _coordinates(mesh: DeviceMesh) -> list[tuple[tuple[int, ...], int]]:
+    """(coordinate, global rank) of every rank of the mesh."""
+    grid = mesh.mesh
+    return [(tuple(int(i) for i in index), int(grid[index])) for index in _indices(grid.shape)]
+
+
+def _indices(shape: Sequence[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for n in shape:
+        out = [(*prefix, i) for prefix in out for i in range(n)]
+    return out
+
+
+def _row_range(
+    shape: torch.Size, mesh: DeviceMesh, coordinate: tuple[int, ...], placements: Sequence
+) -> tuple:
+    """Global rows lo..hi that the rank at `coordinate` holds (DTensor's own chunking)."""
+    local, offset = _compute_local_shape_and_global_offset(
+        shape, mesh.mesh.shape, list(coordinate), placements
+    )
+    return offset[0], offset[0] + local[0]
+
+
+def mesh_key(p: DTensor) -> tuple:
+    """Parameters planned together: equal meshes (DeviceMesh compares by its ranks, shape and names; two
+    modules can hold two equal mesh objects), same placements."""
+    return (p.device_mesh, tuple(p.placements))
