@@ -110,8 +110,8 @@ def run_with_kills(
         processes += 1
         start_step = _saved_steps(ckpt_dir)
         if done < kills:
-            in_write = done % 2 == 1
-            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, in_write, rng):
+            in_write = done % 2 == 0
+            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng):
                 done += 1
                 during_write += in_write
                 continue
@@ -123,21 +123,29 @@ def run_with_kills(
 
 
 def _wait_and_kill(
-    proc: subprocess.Popen, ckpt_dir: Path, tmpdir: Path, start_step: int, in_write: bool, rng: random.Random
+    proc: subprocess.Popen,
+    ckpt_dir: Path,
+    tmpdir: Path,
+    start_step: int,
+    steps: int,
+    in_write: bool,
+    rng: random.Random,
 ) -> bool:
-    """Kill `proc` once it has saved past `start_step`: at once when a checkpoint write begins (in_write),
-    else after a random pause. False when it finished first."""
-    while _saved_steps(ckpt_dir) <= start_step:
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.01)
+    """Kill `proc` as soon as its first checkpoint write begins (in_write), or a random moment after it saved
+    a randomly chosen step before the last. The moments follow the run's own checkpoints rather than the
+    clock, so the kills land the same way on a fast and on a loaded machine. False when it finished first."""
     if in_write:
         while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
             if proc.poll() is not None:
                 return False
             time.sleep(0.0005)
     else:
-        time.sleep(rng.uniform(0.0, 1.5))
+        target = start_step + rng.randint(1, max(1, steps - start_step - 1))
+        while _saved_steps(ckpt_dir) < target:
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.02))  # inside the next step: it trains and saves for longer than this
     if proc.poll() is not None:
         return False
     os.kill(proc.pid, signal.SIGKILL)

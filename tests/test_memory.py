@@ -89,8 +89,9 @@ def test_cli_prints_every_term(capsys: pytest.CaptureFixture[str]) -> None:
     for term in ("parameters", "gradients", "optimiser state", "activations", "largest transient", "peak"):
         assert term in out
     assert "fsdp x 2" in out and "activation checkpointing on" in out
-    assert memory_main([], ["--size", "nope"], False) == 2
-    assert "no conf/model/nope.yaml" in capsys.readouterr().err
+    missing = "nope"  # a size with no fragment: the message names the file it looked for
+    assert memory_main([], ["--size", missing], False) == 2
+    assert f"no conf/model/{missing}.yaml" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # 40 plans
