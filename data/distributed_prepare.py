@@ -53,6 +53,7 @@ from data.prepare import (
     _check_splits,
     _encode,
     _tokenizer,
+    print_summary,
     split_of,
 )
 from data.shards import sha256_file, write_shard
@@ -654,11 +655,7 @@ def swap_in(built: Path, out: Path) -> None:
 def main(cfg: PrepareConfig, dist: DistributedOptions) -> int:
     """data.prepare's main when --tasks is given."""
     start = time.perf_counter()
-    try:
-        manifest = prepare_distributed(cfg, dist)
-    except DataError as exc:
-        print(f"data.prepare: error: {exc}", file=sys.stderr)
-        return 1
+    manifest = prepare_distributed(cfg, dist)  # a DataError is reported by data.prepare's error path
     if manifest is None:
         paths = WorkPaths.beside(Path(cfg.out))
         print(
@@ -666,13 +663,5 @@ def main(cfg: PrepareConfig, dist: DistributedOptions) -> int:
             f"{paths.merge_logs}; {cfg.out} appears when the merge ends (rerun the same command to redo failed tasks)"
         )
         return 0
-    seconds = time.perf_counter() - start
-    text = sum(s.text_bytes for s in manifest.splits.values())
-    print(f"wrote {cfg.out} with {dist.tasks} tasks: vocab {manifest.vocab_size}, seq_len {manifest.seq_len}")
-    for name, split in manifest.splits.items():
-        print(
-            f"  {name:5s} {len(split.shards):4d} shards {split.samples:9d} samples {split.tokens:12d} tokens "
-            f"({split.dropped_tokens} tail tokens dropped over {dist.tasks} tasks)"
-        )
-    print(f"  {text / 1e6:.2f} MB of text in {seconds:.1f} s ({text / 1e6 / seconds:.2f} MB/s)")
+    print_summary(cfg.out, manifest, time.perf_counter() - start, dist.tasks)
     return 0

@@ -359,23 +359,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.parallel is not None:  # the datatrove path (data/distributed_prepare.py)
         from data.distributed_prepare import main as distributed_main
 
-        return distributed_main(cfg, cfg.parallel)
+        return run_entry(lambda: distributed_main(cfg, cfg.parallel), "data.prepare", code=1)
     return run_entry(lambda: _run(cfg), "data.prepare", code=1)
 
 
 def _run(cfg: PrepareConfig) -> int:
     start = time.perf_counter()
     manifest = prepare(cfg)
-    seconds = time.perf_counter() - start
+    print_summary(cfg.out, manifest, time.perf_counter() - start)
+    return 0
+
+
+def print_summary(out: str | Path, manifest: Manifest, seconds: float, tasks: int | None = None) -> None:
+    """What a finished preparation wrote, per split, and its text rate (one process or `tasks` tasks)."""
     text = sum(s.text_bytes for s in manifest.splits.values())
-    print(f"wrote {cfg.out}: vocab {manifest.vocab_size} ({manifest.dtype}), seq_len {manifest.seq_len}")
+    by = f" with {tasks} tasks" if tasks else ""
+    print(f"wrote {out}{by}: vocab {manifest.vocab_size} ({manifest.dtype}), seq_len {manifest.seq_len}")
+    over = f" over {tasks} tasks" if tasks else ""
     for name, split in manifest.splits.items():
         print(
             f"  {name:5s} {len(split.shards):4d} shards {split.samples:9d} samples {split.tokens:12d} tokens "
-            f"{split.text_bytes:12d} text bytes {split.documents:8d} docs ({split.dropped_tokens} tail tokens dropped)"
+            f"{split.text_bytes:12d} text bytes {split.documents:8d} docs "
+            f"({split.dropped_tokens} tail tokens dropped{over})"
         )
     print(f"  {text / 1e6:.2f} MB of text in {seconds:.1f} s ({text / 1e6 / seconds:.2f} MB/s)")
-    return 0
 
 
 if __name__ == "__main__":
