@@ -36,7 +36,7 @@ PROTOCOL ?= cpu
 WORKERS ?= 2
 study: data
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
-	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report
+	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report --readme README.md
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plan", action="store_true", help="print what is done and what would run; train nothing"
     )
+    parser.add_argument(
+        "--readme", type=Path, default=None,
+        help="with --report: also rewrite this README's block for the protocol (between its markers)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: results/<protocol>)")
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after claiming (store.py)")
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             from lightning_modules.study import report
 
-            report.write(protocol, uri, args.out)
+            report.write(protocol, uri, args.out, args.readme)  # a bad README: ValueError (summary.py)
             return 0
         tracking.check_reachable(uri)
         store = Store(uri, protocol.experiment, args.settle_s, args.stale_after_s)
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {found.state:<8} {spec.name} ({spec.identity})")
             return 0
         return runner.run()
-    except (ConfigError, AnalysisError, tracking.TrackingUnreachableError, ValueError) as e:
+    except (ConfigError, AnalysisError, tracking.TrackingUnreachableError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

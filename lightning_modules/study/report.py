@@ -3,6 +3,8 @@
 Everything is recomputed from the store by one command (`python -m lightning_modules.study PROTOCOL --report`),
 with lightning_modules/analysis doing the statistics:
 - arms.csv            per arm: final test CE and bits per byte, mean and 95 % t-interval over seeds
+- cache_matched.csv   per arm caching exactly as many bytes per token as an lrkv arm: arm - lrkv, paired
+                      by seed, with intervals (the paper's open question)
 - vs_mha.csv          per arm: test CE and bpb minus mha's, paired by seed (same seed = same init and data
                       order), mean and 95 % t-interval over the pairs; `resolved` when the interval excludes 0
 - tokens_to_target.csv, flops_to_target.csv   budget saved in reaching each baseline's final validation loss
@@ -31,6 +33,8 @@ import pandas as pd  # noqa: E402
 from lightning_modules.analysis import curves, frontier, stats, tables, targets  # noqa: E402
 from lightning_modules.analysis.errors import NoRunsError  # noqa: E402
 from lightning_modules.analysis.runs import final_losses, load_runs  # noqa: E402
+from lightning_modules.study import summary  # noqa: E402
+from lightning_modules.study.formatting import md_table, plain, signed  # noqa: E402
 from lightning_modules.study.protocol import ROOT, TAG, Protocol  # noqa: E402
 from lightning_modules.study.store import Store, is_done  # noqa: E402
 
@@ -78,27 +82,42 @@ def paired_differences(runs: pd.DataFrame, baseline_kind: str = BASELINE_KIND) -
         if base.empty:
             continue
         base_label = str(base["label"].iloc[0])
-        base_by_seed = base.set_index("seed")
-        for (attention, label), arm in part.groupby(["attention", "label"], sort=False):
-            if label == base_label:
-                continue
-            arm = arm.set_index("seed")
-            seeds = sorted(set(arm.index) & set(base_by_seed.index))
-            row = {
-                "size": size,
-                "label": label,
-                "attention": attention,
-                "baseline": base_label,
-                "n_pairs": len(seeds),
-            }
-            for metric in ("loss", "bpb"):
-                diff = [float(arm.loc[s, metric] - base_by_seed.loc[s, metric]) for s in seeds]
-                ci = stats.mean_ci(diff)
-                row.update({f"{metric}_diff_mean": ci.mean, f"{metric}_diff_ci_low": ci.low,
-                            f"{metric}_diff_ci_high": ci.high, f"{metric}_diff_sd": _sd(diff)})  # fmt: skip
-            row["resolved"] = bool(row["loss_diff_ci_high"] < 0 or row["loss_diff_ci_low"] > 0)
-            rows.append(row)
+        for label in part["label"].unique():
+            if label != base_label:
+                rows.append(_paired(part, size, str(label), base_label))
     return pd.DataFrame(rows)
+
+
+def cache_matched_differences(runs: pd.DataFrame, reference_kind: str = "lrkv") -> pd.DataFrame:
+    """The paper's open question, at equal KV-cache bytes per token: (arm - lrkv) paired by seed, for every
+    arm of another attention that caches exactly as many bytes as an lrkv arm of the same size."""
+    finals = final_losses(runs)
+    rows = []
+    for size, part in finals.groupby("size", sort=False):
+        cache = part.groupby("label", sort=False)["kv_cache_bytes_per_token"].first()
+        kinds = part.groupby("label", sort=False)["attention"].first()
+        for ref in kinds[kinds == reference_kind].index:
+            for label in kinds.index:
+                if kinds[label] != reference_kind and cache[label] == cache[ref]:
+                    row = _paired(part, size, str(label), str(ref))
+                    row["kv_cache_vs_mha"] = float(part.loc[part["label"] == ref, "kv_cache_vs_mha"].iloc[0])
+                    rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _paired(part: pd.DataFrame, size: str, label: str, base_label: str) -> dict:
+    arm = part[part["label"] == label].set_index("seed")
+    base = part[part["label"] == base_label].set_index("seed")
+    seeds = sorted(set(arm.index) & set(base.index))
+    row: dict = {"size": size, "label": label, "attention": str(arm["attention"].iloc[0]),
+                 "baseline": base_label, "n_pairs": len(seeds)}  # fmt: skip
+    for metric in ("loss", "bpb"):
+        diff = [float(arm.loc[s, metric] - base.loc[s, metric]) for s in seeds]
+        ci = stats.mean_ci(diff)
+        row.update({f"{metric}_diff_mean": ci.mean, f"{metric}_diff_ci_low": ci.low,
+                    f"{metric}_diff_ci_high": ci.high, f"{metric}_diff_sd": _sd(diff)})  # fmt: skip
+    row["resolved"] = bool(row["loss_diff_ci_high"] < 0 or row["loss_diff_ci_low"] > 0)
+    return row
 
 
 def _sd(values: list[float]) -> float:
@@ -145,18 +164,22 @@ def _utc(ms: int | None) -> str:
 
 
 # ----- writing ----------------------------------------------------------------------------------------
-def write(protocol: Protocol, uri: str, out: Path | None = None) -> Path:
+def write(protocol: Protocol, uri: str, out: Path | None = None, front_page: Path | None = None) -> Path:
+    """Write results/<protocol>/ (or `out`); with `front_page`, also rewrite that README's block for the
+    protocol (lightning_modules/study/summary.py)."""
     out = (out or ROOT / "results" / protocol.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     runs = load(protocol, uri)
     store = Store(uri, protocol.experiment)
     arms = arm_table(runs)
     diffs = paired_differences(runs)
+    matched = cache_matched_differences(runs)
     to_target = {x: targets.tokens_to_target(runs, x) for x in ("tokens", "flops")}
     cache = frontier.cache_frontier(runs)
     per_run = per_run_table(runs, store)
     arms.to_csv(out / "arms.csv", index=False)
     diffs.to_csv(out / "vs_mha.csv", index=False)
+    matched.to_csv(out / "cache_matched.csv", index=False)
     to_target["tokens"].to_csv(out / "tokens_to_target.csv", index=False)
     to_target["flops"].to_csv(out / "flops_to_target.csv", index=False)
     cache.to_csv(out / "cache_frontier.csv", index=False)
@@ -172,31 +195,19 @@ def write(protocol: Protocol, uri: str, out: Path | None = None) -> Path:
     planned = len(protocol.runs)
     done = sum(is_done(r) for rs in store.protocol_runs(protocol.name).values() for r in rs)
     (out / "README.md").write_text(
-        readme(protocol, uri, arms, diffs, to_target, cache, per_run, planned, min(done, planned))
+        readme(protocol, uri, arms, diffs, matched, to_target, cache, per_run, planned, min(done, planned))
     )
     print(
         f"study {protocol.name}: {len(per_run)}/{planned} runs reported; tables, figures and README.md in {out}"
     )
+    if front_page is not None:
+        changed = summary.update_readme(
+            front_page, protocol.name, summary.block(protocol.name, arms, diffs, matched)
+        )
+        print(
+            f"{front_page}: study {protocol.name}'s block {'rewritten' if changed else 'already up to date'}"
+        )
     return out
-
-
-def _md(table: pd.DataFrame) -> str:
-    header = "| " + " | ".join(map(str, table.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
-
-
-def _plain(mean: float, low: float, high: float) -> str:
-    if math.isnan(mean):
-        return ""
-    return f"{mean:.4f}" if math.isnan(low) else f"{mean:.4f} [{low:.4f}, {high:.4f}]"
-
-
-def _signed(mean: float, low: float, high: float) -> str:
-    if math.isnan(mean):
-        return ""
-    return f"{mean:+.4f}" if math.isnan(low) else f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
 
 
 def _saved(row: pd.Series) -> str:
@@ -214,6 +225,7 @@ def readme(
     uri: str,
     arms: pd.DataFrame,
     diffs: pd.DataFrame,
+    matched: pd.DataFrame,
     to_target: dict[str, pd.DataFrame],
     cache: pd.DataFrame,
     per_run: pd.DataFrame,
@@ -266,12 +278,12 @@ def readme(
             "tokens": arms["tokens"].map(lambda v: f"{v:,.0f}"),
             "seeds": arms["n"],
             "test CE (nats/token)": [
-                _plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in arms.itertuples()
+                plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in arms.itertuples()
             ],
-            "bits per byte": [_plain(r.bpb_mean, r.bpb_ci_low, r.bpb_ci_high) for r in arms.itertuples()],
+            "bits per byte": [plain(r.bpb_mean, r.bpb_ci_low, r.bpb_ci_high) for r in arms.itertuples()],
         }
     )
-    lines += [_md(view), ""]
+    lines += [md_table(view), ""]
     if not diffs.empty:
         lines += [
             f"## Difference to {diffs['baseline'].iloc[0]}, paired by seed (arm - baseline; negative: better)",
@@ -283,27 +295,33 @@ def readme(
                 "arm": diffs["label"],
                 "pairs": diffs["n_pairs"],
                 "test CE diff": [
-                    _signed(r.loss_diff_mean, r.loss_diff_ci_low, r.loss_diff_ci_high)
+                    signed(r.loss_diff_mean, r.loss_diff_ci_low, r.loss_diff_ci_high)
                     for r in diffs.itertuples()
                 ],
                 "sd of diff": diffs["loss_diff_sd"].map(lambda v: "" if math.isnan(v) else f"{v:.4f}"),
                 "bpb diff": [
-                    _signed(r.bpb_diff_mean, r.bpb_diff_ci_low, r.bpb_diff_ci_high)
-                    for r in diffs.itertuples()
+                    signed(r.bpb_diff_mean, r.bpb_diff_ci_low, r.bpb_diff_ci_high) for r in diffs.itertuples()
                 ],
                 "resolved (CI excludes 0)": diffs["resolved"].map({True: "yes", False: "no"}),
             }
         )
-        lines += [_md(view), "", resolution(diffs), ""]
+        lines += [md_table(view), "", resolution(diffs), ""]
+    if not matched.empty:
+        lines += [
+            "## At equal KV-cache bytes per token: arm - lrkv, paired by seed (negative: the arm is better)",
+            "",
+            md_table(summary.matched_view(matched)),
+            "",
+        ]
     for x, title in (("tokens", "Tokens to target"), ("flops", "FLOPs to target")):
-        summary = to_target[x]
-        if summary.empty:
+        saved = to_target[x]
+        if saved.empty:
             continue
-        mine = summary[(summary["baseline_attention"] == BASELINE_KIND) | (summary["attention"] == "lrkv")]
+        mine = saved[(saved["baseline_attention"] == BASELINE_KIND) | (saved["attention"] == "lrkv")]
         lines += [
             f"## {title}: budget saved in reaching the baseline's final validation loss (paired by seed)",
             "",
-            _md(
+            md_table(
                 pd.DataFrame(
                     {
                         "size": mine["size"],
@@ -325,11 +343,11 @@ def readme(
             "arm": cache["label"],
             "KV cache B/token": cache["kv_cache_bytes_per_token"].map(lambda v: f"{v:,.0f}"),
             "vs MHA": cache["kv_cache_vs_mha"].map(lambda v: f"{100 * v:.1f} %"),
-            "test CE": [_plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in cache.itertuples()],
+            "test CE": [plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in cache.itertuples()],
             "Pareto-optimal": cache["pareto"].map({True: "yes", False: ""}),
         }
     )
-    lines += [_md(view), ""]
+    lines += [md_table(view), ""]
     lines += [
         "## Figures",
         "",
@@ -345,6 +363,7 @@ def readme(
             for n in (
                 "arms.csv",
                 "vs_mha.csv",
+                "cache_matched.csv",
                 "tokens_to_target.csv",
                 "flops_to_target.csv",
                 "cache_frontier.csv",
