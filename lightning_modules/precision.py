@@ -4,7 +4,10 @@ bf16 pays off only where the hardware multiplies bf16 natively. On a CUDA device
 CPU with native bf16 (AVX-512 BF16 or AMX: oneDNN reports it) bf16-mixed is the fast choice. On a CPU with
 AVX2 only, torch runs bf16 matrix products through a slow path: measured 40-60x slower than fp32 on an AMD
 EPYC (BENCHMARKS.md, "Precision"), so such a machine trains in fp32 (32-true). An explicit precision
-(`--trainer.precision ...`, `--precision ...`) always wins over the choice.
+(`--trainer.precision ...`, `--precision ...`) always wins over the choice. Between the two sits the
+environment: `LRKV_PRECISION=bf16|fp32` replaces the hardware's choice for every entry point and benchmark
+that is not given one (e.g. `LRKV_PRECISION=bf16 make test` runs the suite as a CPU with native bf16 would
+choose, to time it on this one).
 
 One rule for training (lightning_modules/cli.py), the benchmarks and generation (lightning_modules/generate.py).
 """
@@ -12,13 +15,22 @@ One rule for training (lightning_modules/cli.py), the benchmarks and generation 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 from dataclasses import dataclass
 
 import torch
 
+from lightning_modules.user_errors import UserError
+
 BF16 = "bf16-mixed"
 FP32 = "32-true"
+ENV = "LRKV_PRECISION"
+FLAG_VALUES = {"bf16": BF16, "fp32": FP32}
+
+
+class PrecisionSettingError(UserError, ValueError):
+    """LRKV_PRECISION holds something other than auto, bf16 or fp32."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class Hardware:
 @dataclass(frozen=True)
 class PrecisionChoice:
     precision: str  # a Lightning precision string
-    source: str  # "user" or "hardware"
+    source: str  # "user", "environment" (LRKV_PRECISION) or "hardware"
     reason: str
 
 
@@ -77,6 +89,11 @@ def choose(requested: str | int | None, hardware: Hardware) -> PrecisionChoice:
     """The precision to train in: `requested` when set (the user's word wins), else the hardware's choice."""
     if requested is not None and str(requested) != "auto":
         return PrecisionChoice(str(requested), "user", "set explicitly")
+    env = os.environ.get(ENV, "").strip()
+    if env and env != "auto":
+        if env not in FLAG_VALUES:
+            raise PrecisionSettingError(f"{ENV}={env!r}: set it to auto, bf16 or fp32, or unset it")
+        return PrecisionChoice(FLAG_VALUES[env], "environment", f"set by {ENV}={env}")
     if hardware.bf16_native and hardware.device in ("cuda", "cpu"):
         what = "CUDA device" if hardware.device == "cuda" else "CPU"
         return PrecisionChoice(BF16, "hardware", f"{what} with native bf16 ({hardware.name})")
@@ -95,13 +112,12 @@ def describe(choice: PrecisionChoice) -> str:
     """The line a run prints once, saying what was chosen, why, and how to choose by hand."""
     if choice.source == "user":
         return f"precision {choice.precision} (set explicitly)"
+    if choice.source == "environment":
+        return f"precision {choice.precision}, {choice.reason} (unset it to let the hardware choose)"
     return (
         f"precision {choice.precision}, chosen by the hardware: {choice.reason}; "
         "set --trainer.precision to choose by hand"
     )
-
-
-FLAG_VALUES = {"bf16": BF16, "fp32": FP32}
 
 
 def from_flag(value: str, hardware: Hardware | None = None) -> PrecisionChoice:

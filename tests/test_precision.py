@@ -14,6 +14,13 @@ from lightning_modules.precision import BF16, FP32, Hardware, choose
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+@pytest.fixture(autouse=True)
+def _no_precision_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the rule; a suite run under LRKV_PRECISION=... must not change them."""
+    monkeypatch.delenv(precision.ENV, raising=False)
+
+
 CASES = [
     (None, Hardware("cuda", True, "NVIDIA H200"), BF16, "hardware"),
     (None, Hardware("cuda", False, "Tesla V100"), FP32, "hardware"),
@@ -32,6 +39,38 @@ def test_choice(requested: str | None, hardware: Hardware, expected: str, source
     choice = choose(requested, hardware)
     assert (choice.precision, choice.source) == (expected, source)
     assert choice.precision in precision.describe(choice)
+
+
+@pytest.mark.parametrize(
+    ("env", "requested", "hardware", "expected", "source"),
+    [
+        ("fp32", None, Hardware("cpu", True, "Intel Xeon (AMX)"), FP32, "environment"),
+        ("bf16", None, Hardware("cpu", False, "AMD EPYC (AVX2)"), BF16, "environment"),
+        ("bf16", "auto", Hardware("cuda", False, "Tesla V100"), BF16, "environment"),
+        ("auto", None, Hardware("cpu", True, "Intel Xeon (AMX)"), BF16, "hardware"),
+        ("", None, Hardware("cpu", False, "AMD EPYC (AVX2)"), FP32, "hardware"),
+        ("bf16", "32-true", Hardware("cpu", True, "Intel Xeon (AMX)"), FP32, "user"),  # the user's word wins
+    ],
+)  # fmt: skip
+def test_environment_sits_between_the_user_and_the_hardware(
+    monkeypatch: pytest.MonkeyPatch, env: str, requested: str | None, hardware: Hardware, expected: str,
+    source: str,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(precision.ENV, env)
+    choice = choose(requested, hardware)
+    assert (choice.precision, choice.source) == (expected, source)
+    assert choice.precision in precision.describe(choice)
+    if source == "environment":
+        assert f"LRKV_PRECISION={env}" in precision.describe(choice)
+
+
+def test_bad_environment_value_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(precision.ENV, "fp16")
+    with pytest.raises(
+        precision.PrecisionSettingError, match="LRKV_PRECISION='fp16': set it to auto, bf16 or fp32"
+    ):
+        choose(None, Hardware("cpu", False, "x"))
+    assert choose("bf16-mixed", Hardware("cpu", False, "x")).precision == BF16  # not read when not needed
 
 
 def test_capability_tags_name_the_kind() -> None:
@@ -68,6 +107,16 @@ def test_cli_default_is_the_hardware_choice(tiny_shards: Path, mlflow_uri: str) 
     tags = logger.tags  # type: ignore[attr-defined]
     assert tags["precision"] == expected and tags["precision_source"] == "hardware"
     assert tags["hardware"] == precision.detect("cpu").capability
+
+
+def test_cli_precision_from_the_environment_is_tagged_so(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(precision.ENV, "fp32")
+    cli = _cli(tiny_shards)
+    assert str(cli.trainer.precision) == FP32
+    (logger,) = cli.trainer.loggers
+    assert logger.tags["precision_source"] == "environment"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("value", [BF16, FP32])
