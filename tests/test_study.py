@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_modules import precision
 from lightning_modules.config import ConfigError
 from lightning_modules.study import protocol as protocols
 from lightning_modules.study.__main__ import main as study_main
@@ -176,6 +177,8 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     assert _starts(capsys.readouterr().out) == ["nano lrkv-r4 seed 2"]
     (again,) = store.runs_of(spec.identity)
     assert again.info.run_id != deleted.info.run_id and again.info.status == "FINISHED"
+    assert again.data.tags["hardware"] == precision.detect("cpu").capability  # the CLI's tags reach the run
+    assert again.data.tags["precision"] == "32-true" and again.data.tags["precision_source"] == "user"
 
     # Interrupted: delete another run, start the study in its own process group, SIGKILL the whole group
     # (runner and worker) once the run has written a checkpoint, then run the same command again.

@@ -146,6 +146,7 @@ def per_run_table(runs: pd.DataFrame, store: Store | None) -> pd.DataFrame:
         ]
         table["machine"] = [infos[i].data.tags.get(TAG + "machine", "") for i in table["run_id"]]
         table["device"] = [infos[i].data.tags.get(TAG + "device", "") for i in table["run_id"]]
+        table["hardware"] = [infos[i].data.tags.get("hardware", "") for i in table["run_id"]]
         table["command"] = [infos[i].data.tags.get(TAG + "command", "") for i in table["run_id"]]
         table["resumed_from_step"] = [
             infos[i].data.tags.get(TAG + "resumed_from_step", "") for i in table["run_id"]
@@ -241,6 +242,7 @@ def readme(
         t1 = dt.datetime.strptime(max(ends), "%Y-%m-%d %H:%M:%S")
         span = f"{(t1 - t0).total_seconds() / 60:.1f} min from {min(starts)} to {max(ends)} UTC"
     busy = per_run["duration_s"].sum() / 60 if "duration_s" in per_run else math.nan
+    capability = sorted({h for h in per_run.get("hardware", []) if isinstance(h, str) and h})
     lines = [
         f"# Study `{protocol.name}`",
         "",
@@ -259,7 +261,8 @@ def readme(
             f"; device {', '.join(sorted({d for d in per_run.get('device', []) if d}))}"
             if "device" in per_run
             else ""
-        ),
+        )
+        + (f"; {', '.join(capability)}" if capability else ""),
         f"- Date and wall time: {span}; {busy:.1f} min of run time summed over runs.",
         f"- Commit(s): {', '.join(sorted({str(c) for c in per_run['git_commit']}))}.",
         f"- Command: `{'; '.join(sorted({c for c in per_run.get('command', []) if c})) or 'unknown'}`.",
