@@ -111,7 +111,7 @@ def run_with_kills(
         start_step = _saved_steps(ckpt_dir)
         if done < kills:
             in_write = done % 2 == 0
-            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng):
+            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done):
                 done += 1
                 during_write += in_write
                 continue
@@ -130,17 +130,21 @@ def _wait_and_kill(
     steps: int,
     in_write: bool,
     rng: random.Random,
+    kills_left: int = 1,
 ) -> bool:
     """Kill `proc` as soon as its first checkpoint write begins (in_write), or a random moment after it saved
     a randomly chosen step before the last. The moments follow the run's own checkpoints rather than the
-    clock, so the kills land the same way on a fast and on a loaded machine. False when it finished first."""
+    clock, so the kills land the same way on a fast and on a loaded machine. The random step is drawn from
+    the remaining steps' share per kill left, so that all K kills fit in the run. False when it finished
+    first."""
     if in_write:
         while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
             if proc.poll() is not None:
                 return False
             time.sleep(0.0005)
     else:
-        target = start_step + rng.randint(1, max(1, steps - start_step - 1))
+        share = (steps - start_step - 1) // max(1, kills_left)
+        target = start_step + rng.randint(1, max(1, share))
         while _saved_steps(ckpt_dir) < target:
             if proc.poll() is not None:
                 return False

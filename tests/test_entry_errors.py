@@ -98,7 +98,8 @@ def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str]
             {},
             ["temperature=nan", "finite number >= 0"],
         ),
-        ("precision env", main, {"LRKV_PRECISION": "fp16"}, ["LRKV_PRECISION='fp16'", "auto, bf16 or fp32"]),
+        ("precision env", [a for a in main if a not in ("--trainer.precision", "32-true")], {"LRKV_PRECISION": "fp16"},
+         ["LRKV_PRECISION='fp16'", "auto, bf16 or fp32"]),  # read only where no precision is given
         ("generate unsafe", ["-m", "lightning_modules.generate", "--ckpt", str(unsafe), "--prompt", "x"], {}, ["not loaded"]),
     ]  # fmt: skip
     ro = _unwritable(tmp)
