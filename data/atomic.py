@@ -28,6 +28,15 @@ from data.manifest import MANIFEST_NAME
 TMP_PREFIX = "."  # hidden siblings: `.name.build-*` (being built), `.name.old-*` (swapped out)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write one file through a temporary sibling and a rename, so a crash leaves the old file or the new
+    one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def owned_files(out: Path) -> set[str]:
     """Names in `out` that its manifest lists (empty set: no readable manifest). Only plain names count:
     a manifest never makes this module delete anything outside the folder."""

@@ -42,6 +42,7 @@ from typing import Any
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from data.atomic import write_text_atomic
 from data.errors import DataError, ManifestError, PrepareError
 from data.manifest import LAYOUT, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab
 from data.parallel_options import EXECUTORS, DistributedOptions
@@ -128,10 +129,7 @@ def file_stats(paths: Sequence[str]) -> list[list[Any]]:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 # --- the pipeline steps (pickled by datatrove into each task) ------------------------------------------------

@@ -166,7 +166,7 @@ class LanguageModelCLI(LightningCLI):
         hardware = precision.detect(cfg.trainer.get("accelerator"))
         choice = precision.choose(cfg.trainer.get("precision"), hardware)
         cfg.trainer.precision = choice.precision
-        self._precision_tags = {
+        self.precision_tags = {
             "precision": choice.precision,
             "precision_source": choice.source,
             "hardware": hardware.capability,
@@ -206,7 +206,7 @@ class LanguageModelCLI(LightningCLI):
             tags = tracking.run_tags(
                 arch, attention, cfg.seed_everything, _budget_label(cfg.model.get("budget"))
             )
-            args.tags = {**tags, **self._precision_tags, **(args.get("tags") or {})}
+            args.tags = {**tags, **self.precision_tags, **(args.get("tags") or {})}
             checkpoint = getattr(self, "_checkpoint", None)
             if checkpoint is not None and not args.get("run_id"):
                 args.run_id = checkpoint.get("mlflow_run_id")

@@ -26,6 +26,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from data.atomic import write_text_atomic
 from lightning_modules import tracking
 
 log = logging.getLogger(__name__)
@@ -134,9 +135,7 @@ def write_pending(path: Path, header: dict[str, Any], ops: list[dict[str, Any]],
         with path.open("a") as f:
             f.write("".join(line + "\n" for line in lines))
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in [json.dumps(header), *lines]))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(line + "\n" for line in [json.dumps(header), *lines]))
 
 
 class BufferedClient:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from data.atomic import write_text_atomic
 from lightning_modules.study.formatting import md_table, percent, plain, signed
 
 
@@ -83,8 +84,10 @@ def block_from_results(folder: Path) -> str:
     """The block as the committed tables in results/<protocol>/ give it."""
 
     def table(name: str) -> pd.DataFrame:
-        path = folder / name
-        return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+        try:
+            return pd.read_csv(folder / name)
+        except (FileNotFoundError, pd.errors.EmptyDataError):  # an empty table is written as one newline
+            return pd.DataFrame()
 
     return block(folder.name, table("arms.csv"), table("vs_mha.csv"), table("cache_matched.csv"))
 
@@ -107,7 +110,5 @@ def update_readme(path: Path, protocol: str, new_block: str) -> bool:
     old = current_block(text, protocol)
     if old == new_block:
         return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text.replace(old, new_block))
-    tmp.replace(path)
+    write_text_atomic(path, text.replace(old, new_block))
     return True

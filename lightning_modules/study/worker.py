@@ -24,8 +24,6 @@ from lightning_modules.checkpointing import EndOfFitModelCheckpoint
 from lightning_modules.cli import main as cli_main
 from lightning_modules.study.protocol import TAG
 
-PRECISION_TAGS = ("precision", "precision_source", "hardware", "hardware_name")  # lightning_modules/cli.py's
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -53,9 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.experiment.set_tag(args.run_id, TAG + "device", f"{device}, precision {trainer.precision}")
         # MLflow applies a logger's tags only to a run it creates; the runner created this one, so the CLI's
         # precision tags (precision, its source, the hardware's bf16 capability) are set here.
-        for key in PRECISION_TAGS:
-            if key in (logger.tags or {}):
-                logger.experiment.set_tag(args.run_id, key, str(logger.tags[key]))
+        for key, value in cli.precision_tags.items():
+            logger.experiment.set_tag(args.run_id, key, str(value))
     if args.resume is not None:
         step = torch.load(args.resume, map_location="cpu", mmap=True, weights_only=True)["global_step"]
         print(f"resuming {args.run_id} from {args.resume} (step {step})", flush=True)
