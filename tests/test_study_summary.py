@@ -99,6 +99,23 @@ def test_a_readme_without_one_marker_pair_is_refused_and_left_alone(tmp_path: Pa
     assert path.read_text() == text
 
 
+def test_report_refuses_a_readme_it_cannot_update_before_writing_anything(
+    tiny_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_modules.study.__main__ import main as study_main
+    from tests.test_study import micro_protocol
+
+    path = micro_protocol(tmp_path, tiny_shards)
+    out = tmp_path / "results"
+    for readme, expected in (
+        (tmp_path / "missing.md", "missing.md: cannot read it"),
+        (readme_with_blocks(tmp_path, ""), "exactly one pair of markers for study 'micro'"),
+    ):
+        assert study_main([str(path), "--report", "--readme", str(readme), "--out", str(out)]) == 2
+        assert expected in capsys.readouterr().err
+        assert not out.exists()  # fmt: skip
+
+
 def committed_results() -> list[Path]:
     return sorted(p.parent for p in (ROOT / "results").glob("*/arms.csv"))
 

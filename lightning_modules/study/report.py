@@ -168,6 +168,8 @@ def _utc(ms: int | None) -> str:
 def write(protocol: Protocol, uri: str, out: Path | None = None, front_page: Path | None = None) -> Path:
     """Write results/<protocol>/ (or `out`); with `front_page`, also rewrite that README's block for the
     protocol (lightning_modules/study/summary.py)."""
+    if front_page is not None:  # a README that cannot take the block fails before anything is written
+        summary.current_block(summary.read_readme(front_page), protocol.name)
     out = (out or ROOT / "results" / protocol.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     runs = load(protocol, uri)

@@ -103,10 +103,19 @@ def current_block(text: str, protocol: str) -> str:
     return text[text.index(begin) : text.index(end) + len(end)]
 
 
+def read_readme(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise ReadmeBlockError(
+            f"{path}: cannot read it ({e.strerror}); pass the README to update with --readme"
+        ) from None
+
+
 def update_readme(path: Path, protocol: str, new_block: str) -> bool:
     """Replace the protocol's block in the README at `path`; True when the text changed. The file is
     rewritten through a temporary file beside it, so a failure leaves it as it was."""
-    text = path.read_text()
+    text = read_readme(path)
     old = current_block(text, protocol)
     if old == new_block:
         return False
