@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightning_modules import costs, meta_init
+from lightning_modules import costs, lightning_api, meta_init, step_log
 from lightning_modules.attention import AttentionConfig, kernel, resolve_attention
 from lightning_modules.config import ConfigError, ModelConfig
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
@@ -93,6 +93,8 @@ class LanguageModel(L.LightningModule):
         self.metrics = torch.nn.ModuleDict({split: MeanMetric() for split in ("val", "test")})
         self._parallelized = False
         self._kernel_logged = False
+        self._last_step: step_log.StepMetrics | None = None  # what the latest training step logs
+        self._resumed_unlogged: dict[str, Any] | None = None  # from the checkpoint resumed (step_log.py)
 
     # ----- compute accounting -------------------------------------------------------------------
     def flops_per_token(self, tokens_per_forward: int) -> float:
@@ -158,6 +160,11 @@ class LanguageModel(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._kernel_logged = False
+        if self._resumed_unlogged is not None and self.trainer.is_global_zero:
+            logged = step_log.log_missing(self.logger, self._resumed_unlogged)
+            if logged:
+                rank_zero_info(f"resume: logged step {self._resumed_unlogged['step']}'s {', '.join(logged)}")
+        self._resumed_unlogged = None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """After the first step, say which attention kernel ran (kernel.attend records it): an MLflow tag
@@ -188,9 +195,14 @@ class LanguageModel(L.LightningModule):
         tokens = batch[:, 1:].numel() * self.trainer.world_size
         self.tokens_seen += tokens
         self.flops_seen += tokens * self.flops_per_token(batch[:, 1:].numel())
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/tokens", float(self.tokens_seen))
-        self.log("train/flops", self.flops_seen)
+        metrics = {
+            "train/loss": loss.detach(),
+            "train/tokens": float(self.tokens_seen),
+            "train/flops": self.flops_seen,
+        }
+        for key, value in metrics.items():
+            self.log(key, value, prog_bar=key == "train/loss")
+        self._last_step = step_log.StepMetrics(lightning_api.log_step(self.trainer), metrics)
         return loss
 
     def _last_checkpoint(self) -> str:
@@ -257,6 +269,9 @@ class LanguageModel(L.LightningModule):
         checkpoint["compute"] = {"tokens_seen": self.tokens_seen, "flops_seen": self.flops_seen}
         if isinstance(self.logger, MLFlowLogger):  # so that resume / validate / test continue this run
             checkpoint["mlflow_run_id"] = self.logger.run_id
+        unlogged = step_log.pending_record(self.trainer, self._last_step)
+        if unlogged is not None:
+            checkpoint[step_log.CHECKPOINT_KEY] = unlogged
         # Plain tensors, ints and tuples only, so the checkpoint loads with torch.load(weights_only=True).
         name, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {
@@ -269,6 +284,7 @@ class LanguageModel(L.LightningModule):
         compute = checkpoint.get("compute", {})
         self.tokens_seen = int(compute.get("tokens_seen", 0))
         self.flops_seen = float(compute.get("flops_seen", 0.0))
+        self._resumed_unlogged = checkpoint.get(step_log.CHECKPOINT_KEY)
         rng = checkpoint.get("rng")
         if rng:
             torch.set_rng_state(rng["torch"])

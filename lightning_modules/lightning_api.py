@@ -4,6 +4,9 @@ Lightning offers no public API for these, and each has a reason:
 - a ModelCheckpoint that also saves at the end of fit must ask for a save the way the callback does itself
   (checkpointing.py): `_monitor_candidates`, `_save_topk_checkpoint`, `_save_last_checkpoint`, and
   `_last_global_step_saved` to know whether this step is already saved;
+- the step number Lightning gives a training step's metrics when it logs them
+  (`fit_loop.epoch_loop._batches_that_stepped`): a checkpoint saved inside a step is written before that step's
+  metrics are logged, so the checkpoint carries them under that number (language_model.py);
 - a sharded (ModelParallelStrategy) checkpoint is a directory; its non-tensor state (the MLflow run id) sits
   in Lightning's metadata file (`_METADATA_FILENAME`, cli.py), and gathering the shards into one file uses
   Lightning's own loader (`_load_distributed_checkpoint`, consolidate.py).
@@ -36,6 +39,12 @@ def save_now(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
     candidates = callback._monitor_candidates(trainer)
     callback._save_topk_checkpoint(trainer, candidates)
     callback._save_last_checkpoint(trainer, candidates)
+
+
+def log_step(trainer: L.Trainer) -> int:
+    """The step under which Lightning logs the current training step's metrics; it moves on only after
+    they are logged (and after any validation of that step)."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
 def load_sharded_checkpoint(folder: Path) -> dict[str, Any]:

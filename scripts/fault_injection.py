@@ -45,7 +45,18 @@ class Outcome:
     seconds: float = 0.0
 
 
-def fit_command(data_dir: Path, steps: int, seq_len: int, ckpt_dir: Path, extra: list[str]) -> list[str]:
+CHECKPOINT_CALLBACK = "lightning_modules.checkpointing.EndOfFitModelCheckpoint"
+
+
+def fit_command(
+    data_dir: Path,
+    steps: int,
+    seq_len: int,
+    ckpt_dir: Path,
+    extra: list[str],
+    callback: str = CHECKPOINT_CALLBACK,
+) -> list[str]:
+    """The fit both runs make; `callback` is the checkpoint callback's class (a test swaps in one that kills)."""
     return [
         sys.executable, str(ROOT / "main.py"), "fit",
         "--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml"),
@@ -54,7 +65,7 @@ def fit_command(data_dir: Path, steps: int, seq_len: int, ckpt_dir: Path, extra:
         "--data.batch_size", "4", "--data.num_workers", "2", "--trainer.max_steps", str(steps),
         "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0",
         "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
-        "--trainer.callbacks+=lightning_modules.checkpointing.EndOfFitModelCheckpoint",
+        f"--trainer.callbacks+={callback}",
         "--trainer.callbacks.every_n_train_steps", "1", "--trainer.callbacks.save_top_k", "-1",
         "--trainer.callbacks.save_last", "true", "--trainer.callbacks.dirpath", str(ckpt_dir), *extra,
     ]  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,30 @@ def test_killed_twice_and_resumed_ends_like_the_uninterrupted_run(
     assert outcome.steps == STEPS
 
 
+@pytest.mark.slow
+def test_killed_between_a_checkpoint_and_its_log_the_resume_logs_that_step_once(
+    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path
+) -> None:
+    """Killed right after step 3's checkpoint, before Lightning logged step 3 (logged as step 2): the resumed
+    fit logs it from the checkpoint, so the run's curve equals the uninterrupted one, every step once."""
+    ckpt, env = tmp_path / "ck", fi._env(tmp_path, tmp_path / "tmp")
+    kill = ["--trainer.callbacks.kill_step", "3"]
+    cmd = fi.fit_command(
+        tiny_shards, STEPS, TINY_SEQ_LEN, ckpt, kill, "tests.training_callbacks.KillAfterSave"
+    )
+    killed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert sorted(fi.loss_history(tmp_path)) == [0, 1]  # the hole: step 2 was checkpointed, never logged
+    resume = ["--ckpt_path", str(ckpt / "last.ckpt")]
+    done = subprocess.run(
+        fi.fit_command(tiny_shards, STEPS, TINY_SEQ_LEN, ckpt, resume), cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resume: logged step 2's train/loss" in done.stderr
+    assert fi.loss_history(tmp_path) == fi.loss_history(reference)
+
+
 def _resume(reference: Path, tiny_shards: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, str(ROOT / "main.py"), "fit", "--config", str(ROOT / "conf/base.yaml"),
@@ -123,5 +148,6 @@ def test_resume_applies_a_new_budget_prints_and_tags_it(
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     (only,) = client.search_runs([client.get_experiment_by_name("lrkv-lab").experiment_id])
     assert "model.budget" in only.data.tags["resume.applied"]
-    steps = {m.step for m in client.get_metric_history(only.info.run_id, "train/loss")}
+    steps = [m.step for m in client.get_metric_history(only.info.run_id, "train/loss")]
     assert max(steps) >= STEPS + 1  # it trained on, in the same run
+    assert sorted(steps) == list(range(max(steps) + 1))  # the checkpoint's own step was not logged again

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
+
+from lightning_modules.checkpointing import EndOfFitModelCheckpoint
 
 
 class StopAtStep(L.Callback):
@@ -101,3 +105,30 @@ class RecordEnvironment(L.Callback):
         self.seen["global_step"] = trainer.global_step
         Path(self.path).mkdir(parents=True, exist_ok=True)
         (Path(self.path) / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class KillAfterSave(EndOfFitModelCheckpoint):
+    """The project's checkpoint callback, which SIGKILLs its own process right after it saved step
+    `kill_step`: between a step's checkpoint and the logging of that step's metrics (Lightning runs the
+    checkpoint callbacks' on_train_batch_end before it logs), the moment lightning_modules/step_log.py covers."""
+
+    def __init__(
+        self,
+        kill_step: int,
+        dirpath: str,
+        every_n_train_steps: int = 1,
+        save_last: bool = True,
+        save_top_k: int = -1,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            every_n_train_steps=every_n_train_steps,
+            save_last=save_last,
+            save_top_k=save_top_k,
+        )
+        self.kill_step = kill_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
+        if trainer.global_step == self.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
