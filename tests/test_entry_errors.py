@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,30 +110,38 @@ def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str]
     return cases
 
 
+def _problems(argv: list[str], env: dict[str, str], expected: list[str], cwd: Path) -> list[str]:
+    run = subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in run.stderr.splitlines() if ": error: " in line]
+    problems = []
+    if run.returncode == 0:
+        problems.append("exit 0")
+    if "Traceback" in run.stderr or len(errors) != 1:
+        problems.append(f"not one error line: {run.stderr[-1500:]}")
+    elif not all(part in errors[0] for part in expected):
+        problems.append(f"{errors[0]!r} lacks {expected}")
+    if "weights_only=False" in run.stderr or "unsafe-code-ran" in run.stdout:
+        problems.append("unsafe load advised or done")
+    return problems
+
+
 @pytest.mark.slow
 def test_each_bad_input_ends_in_one_line(tiny_shards: Path, mlflow_uri: str, tmp_path: Path) -> None:
-    failures = []
-    for name, argv, env, expected in _cases(tmp_path, tiny_shards):
-        run = subprocess.run(
-            [sys.executable, *argv],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        errors = [line for line in run.stderr.splitlines() if ": error: " in line]
-        problems = []
-        if run.returncode == 0:
-            problems.append("exit 0")
-        if "Traceback" in run.stderr or len(errors) != 1:
-            problems.append(f"not one error line: {run.stderr[-1500:]}")
-        elif not all(part in errors[0] for part in expected):
-            problems.append(f"{errors[0]!r} lacks {expected}")
-        if "weights_only=False" in run.stderr or "unsafe-code-ran" in run.stdout:
-            problems.append("unsafe load advised or done")
-        if problems:
-            failures.append(f"{name}: {'; '.join(problems)}")
+    # The rows are independent processes that spend most of their time importing (one thread each):
+    # three at a time on two cores take about half as long as one after another.
+    cases = _cases(tmp_path, tiny_shards)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda case: _problems(case[1], case[2], case[3], tmp_path), cases))
+    failures = [
+        f"{case[0]}: {'; '.join(problems)}" for case, problems in zip(cases, results, strict=True) if problems
+    ]
     assert not failures, "\n".join(failures)
 
 
