@@ -27,6 +27,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from data import worker_tempdir
 from data.errors import DataError, ManifestError, ShardError
 from data.manifest import SPLITS, Manifest
 from data.plan import train_batches_per_rank
@@ -344,6 +345,7 @@ class ShardDataModule(L.LightningDataModule):
             )
 
     def _loader(self, dataset: torch.utils.data.IterableDataset) -> DataLoader:
+        worker_tempdir.check(self.num_workers)
         return DataLoader(
             dataset,
             batch_size=None,  # the datasets yield whole batches

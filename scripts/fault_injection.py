@@ -20,9 +20,11 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,6 +73,13 @@ def fit_command(
     ]  # fmt: skip
 
 
+def process_tmpdir(name: str) -> Path:
+    """A new TMPDIR for one fit, under the system's temp folder rather than inside the work folder: loader
+    workers hand batches over sockets named under TMPDIR, and a deep one makes that path too long for the
+    kernel (data/worker_tempdir.py). Remove it with shutil.rmtree when the process is gone."""
+    return Path(tempfile.mkdtemp(prefix=f"fault-injection-{name}-"))
+
+
 def _env(workdir: Path, tmpdir: Path) -> dict[str, str]:
     tmpdir.mkdir(parents=True, exist_ok=True)
     return {
@@ -94,9 +103,12 @@ def _saved_steps(ckpt_dir: Path) -> int:
 
 def run_uninterrupted(workdir: Path, data_dir: Path, steps: int, seq_len: int) -> Path:
     """One fit to the end; returns its checkpoint folder."""
-    ckpt_dir = workdir / "ck"
+    ckpt_dir, tmpdir = workdir / "ck", process_tmpdir("reference")
     cmd = fit_command(data_dir, steps, seq_len, ckpt_dir, [])
-    subprocess.run(cmd, cwd=workdir, env=_env(workdir, workdir / "tmp"), check=True, capture_output=True)
+    try:
+        subprocess.run(cmd, cwd=workdir, env=_env(workdir, tmpdir), check=True, capture_output=True)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     return ckpt_dir
 
 
@@ -110,7 +122,7 @@ def run_with_kills(
     while True:
         resume = ckpt_dir / "last.ckpt"
         extra = ["--ckpt_path", str(resume)] if resume.exists() else []
-        tmpdir = workdir / f"tmp{processes}"
+        tmpdir = process_tmpdir(f"process{processes}")
         proc = subprocess.Popen(
             fit_command(data_dir, steps, seq_len, ckpt_dir, extra),
             cwd=workdir,
@@ -120,13 +132,19 @@ def run_with_kills(
         )
         processes += 1
         start_step = _saved_steps(ckpt_dir)
-        if done < kills:
-            in_write = done % 2 == 0
-            if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done):
-                done += 1
-                during_write += in_write
-                continue
-        _, err = proc.communicate()
+        try:
+            if done < kills:
+                in_write = done % 2 == 0
+                if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done):
+                    done += 1
+                    during_write += in_write
+                    continue
+            _, err = proc.communicate()
+        finally:
+            if proc.poll() is None:  # an error in this script: leave no fit running
+                proc.kill()
+            proc.wait()
+            shutil.rmtree(tmpdir, ignore_errors=True)
         if proc.returncode != 0:
             raise RuntimeError(f"fit exited {proc.returncode}: {err.decode()[-2000:]}")
         if _saved_steps(ckpt_dir) >= steps:
@@ -228,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    import tempfile
 
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="fault-injection-"))
     outcome = run(workdir, a.data_dir.resolve(), a.steps, a.seq_len, a.kills, a.seed)

@@ -74,6 +74,8 @@ def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str]
     payload[3000:3100] = b"x" * 100
     shard.write_bytes(payload)
     main = [str(ROOT / "main.py"), "fit", *NANO, "--data.data_dir", str(shards)]
+    deep = tmp / ("t" * 80)  # a TMPDIR too long for loader workers' sockets (data/worker_tempdir.py)
+    deep.mkdir()
     cases = [
         ("missing ckpt", [*main, "--ckpt_path", str(tmp / "nope.ckpt")], {}, ["nope.ckpt: no such file"]),
         ("truncated ckpt", [*main, "--ckpt_path", str(truncated)], {}, ["truncated.ckpt", "not a readable"]),
@@ -101,6 +103,7 @@ def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str]
         ),
         ("precision env", [a for a in main if a not in ("--trainer.precision", "32-true")], {"LRKV_PRECISION": "fp16"},
          ["LRKV_PRECISION='fp16'", "auto, bf16 or fp32"]),  # read only where no precision is given
+        ("long TMPDIR", [*main, "--data.num_workers", "2"], {"TMPDIR": str(deep)}, [f"TMPDIR={deep}", "num_workers=0"]),
         ("generate unsafe", ["-m", "lightning_modules.generate", "--ckpt", str(unsafe), "--prompt", "x"], {}, ["not loaded"]),
     ]  # fmt: skip
     ro = _unwritable(tmp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,19 +78,22 @@ def test_killed_between_a_checkpoint_and_its_log_the_resume_logs_that_step_once(
 ) -> None:
     """Killed right after step 3's checkpoint, before Lightning logged step 3 (logged as step 2): the resumed
     fit logs it from the checkpoint, so the run's curve equals the uninterrupted one, every step once."""
-    ckpt, env = tmp_path / "ck", fi._env(tmp_path, tmp_path / "tmp")
+    ckpt, env = tmp_path / "ck", fi._env(tmp_path, fi.process_tmpdir("kill-after-save"))
     kill = ["--trainer.callbacks.kill_step", "3"]
     cmd = fi.fit_command(
         tiny_shards, STEPS, TINY_SEQ_LEN, ckpt, kill, "tests.training_callbacks.KillAfterSave"
     )
-    killed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert sorted(fi.loss_history(tmp_path)) == [0, 1]  # the hole: step 2 was checkpointed, never logged
-    resume = ["--ckpt_path", str(ckpt / "last.ckpt")]
-    done = subprocess.run(
-        fi.fit_command(tiny_shards, STEPS, TINY_SEQ_LEN, ckpt, resume), cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    try:
+        killed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert sorted(fi.loss_history(tmp_path)) == [0, 1]  # the hole: step 2 was checkpointed, never logged
+        resume = ["--ckpt_path", str(ckpt / "last.ckpt")]
+        done = subprocess.run(
+            fi.fit_command(tiny_shards, STEPS, TINY_SEQ_LEN, ckpt, resume), cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resume: logged step 2's train/loss" in done.stderr
     assert fi.loss_history(tmp_path) == fi.loss_history(reference)
@@ -135,8 +139,6 @@ def test_resume_refuses_another_model_naming_every_field(
 def test_resume_applies_a_new_budget_prints_and_tags_it(
     fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path
 ) -> None:
-    import shutil
-
     from mlflow.tracking import MlflowClient
 
     shutil.copytree(reference / "mlruns", tmp_path / "mlruns")  # the run the checkpoint continues
