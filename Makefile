@@ -38,8 +38,11 @@ study: data
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report --readme README.md
 
+# Two pytest workers, each taking whole files (module fixtures are built once): most tests wait on
+# subprocess start-up, so two share two cores well (21 min instead of 24-29, BENCHMARKS.md "Test suite").
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
