@@ -7,7 +7,7 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
 - fidelity: an fp32 generation (a prefill, then single-token steps) against one full forward over the same
   tokens: the largest absolute logit difference (and the logits' std, to judge it by);
 - cache bytes: a bf16 generation of the same tokens; the sum of its caches' nbytes against the cost model's
-  kv_cache_bytes_per_token x tokens (costs.py counts bf16). The caches are preallocated to exactly those tokens;
+  kv_cache_bytes_per_token x tokens (lightning_modules/costs/counts.py counts bf16). The caches are preallocated to exactly those tokens;
 - speed: at each context S, the cache is filled with S - 1 tokens (prefilled in chunks), then single-token
   steps are timed, each attending to S positions: after every step the cache is rewound by one position, so
   all timed steps run at the same context. Tokens/s = batch x steps / seconds, the median of repeats timed
@@ -19,7 +19,7 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
   max_memory_allocated and memory_allocated; CPU: the process's peak resident set (VmHWM, reset through
   /proc/self/clear_refs) and its resident set (VmRSS), which include Python and torch themselves.
 The device is auto-detected (CUDA when available); the weights are bf16 where the hardware has native bf16,
-else fp32 (lightning_modules/precision.py; --precision overrides). Fidelity is measured in fp32 everywhere.
+else fp32 (lightning_modules/core/precision.py; --precision overrides). Fidelity is measured in fp32 everywhere.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from typing import Any
 
 import torch
 
-from lightning_modules import costs, precision
-from lightning_modules.attention import AttentionConfig, names
-from lightning_modules.attention.cache import LayerCache, caches_nbytes
-from lightning_modules.config import ModelConfig
-from lightning_modules.transformer import Transformer
+from lightning_modules.core import precision
+from lightning_modules.costs import counts as costs
+from lightning_modules.model.attention import AttentionConfig, names
+from lightning_modules.model.attention.cache import LayerCache, caches_nbytes
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
 
 CPU_CONTEXTS = (128, 256, 512, 1024, 2048)
 GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384)

@@ -15,9 +15,9 @@ import json
 
 import torch
 
-from lightning_modules.attention import AttentionConfig, resolve_attention
-from lightning_modules.config import ModelConfig
-from lightning_modules.transformer import Transformer
+from lightning_modules.model.attention import AttentionConfig, resolve_attention
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
 
 NANO_DEFAULTS = {
     "gqa": {"n_kv_heads": 2},

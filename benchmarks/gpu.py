@@ -11,13 +11,13 @@ A timed step is what a training step of LanguageModel runs under Lightning's bf1
 decoder's forward under bf16 autocast, fp32 cross-entropy, backward, gradient clipping at 1.0 and the
 paper's optimiser (MuonAdamW: Muon for block matrices, AdamW for embedding, head and gains; --optimizer
 adamw for AdamW everywhere), eager and with each decoder block torch.compile'd (`model.compile: true`,
-lightning_modules/compile.py; compilation happens in the warm-up). Micro-batches are the paper's per-GPU ones (conf/recipe: 16 x 2048
-at 128m, 8 x 2048 at 1b). MFU = achieved training FLOPs/s (costs.py's convention) / the device's peak
-dense bf16 rate (lightning_modules/throughput.py's table). Peak memory is torch's max allocated over the
-timed steps, printed next to the memory plan's peak for the same setting (lightning_modules/memory.py,
+lightning_modules/distributed/compile.py; compilation happens in the warm-up). Micro-batches are the paper's per-GPU ones (conf/recipe: 16 x 2048
+at 128m, 8 x 2048 at 1b). MFU = achieved training FLOPs/s (lightning_modules/costs/counts.py's convention) / the device's peak
+dense bf16 rate (lightning_modules/training/throughput.py's table). Peak memory is torch's max allocated over the
+timed steps, printed next to the memory plan's peak for the same setting (lightning_modules/costs/memory.py,
 `python -m lightning_modules.costs --memory`), so the first GPU run checks the plan too.
 
-The kernel is chosen by lightning_modules/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
+The kernel is chosen by lightning_modules/model/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
 "flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal
 q/k and v head dims, always runs SDPA, so it has one row). LRKV is measured on both training paths
 (docs/attentions.md: both lrkv paths are measured). A size or row that does not fit in memory is reported as "oom".
@@ -42,12 +42,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_modules import costs, memory, precision
-from lightning_modules.attention import REGISTRY, kernel, names, resolve_attention
-from lightning_modules.compile import compile_blocks
+from lightning_modules.core import precision
+from lightning_modules.costs import counts as costs
+from lightning_modules.costs import memory
+from lightning_modules.distributed.compile import compile_blocks
+from lightning_modules.model.attention import REGISTRY, kernel, names, resolve_attention
+from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
-from lightning_modules.throughput import device_peak_flops
-from lightning_modules.transformer import Transformer
+from lightning_modules.training.throughput import device_peak_flops
 
 MICRO_BATCH = {"128m": 16, "1b": 8, "2.5b": 8, "6.3b": 8}  # conf/recipe/<size>.yaml
 MFU_TARGET = 0.45

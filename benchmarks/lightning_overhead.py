@@ -4,7 +4,7 @@ MLflow logging) against the bare decoder's training loop at the same config, in 
     python benchmarks/lightning_overhead.py [--attention lrkv] [--steps 60] [--precision auto|bf16|fp32] [--json]
 
 Both use the same model, optimiser (MuonAdamW in AdamW mode with the warmup-cosine schedule), precision (bf16
-autocast or fp32; auto follows lightning_modules/precision.py),
+autocast or fp32; auto follows lightning_modules/core/precision.py),
 gradient clipping, batch (16 x 256 tokens) and thread count. The bare loop reads random tokens (no data
 loading); the Lightning figure is the median of its per-step train/tokens_per_s after a warm-up, so it
 includes data loading, logging and callbacks but not start-up or validation.
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_modules import precision  # noqa: E402
-from lightning_modules.cli import main as cli_main  # noqa: E402
+from lightning_modules.core import precision  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule  # noqa: E402
+from lightning_modules.training.cli import main as cli_main  # noqa: E402
 
 
 def bare_tokens_per_s(
@@ -105,7 +105,7 @@ def main() -> None:
     )
     arch = module.arch
     torch.manual_seed(0)
-    from lightning_modules.transformer import Transformer
+    from lightning_modules.model.transformer import Transformer
 
     bare = bare_tokens_per_s(
         Transformer(arch, module.attention),

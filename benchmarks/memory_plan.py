@@ -1,10 +1,10 @@
-"""The memory plan (lightning_modules/memory.py) against the peak a real training step reaches on this CPU.
+"""The memory plan (lightning_modules/costs/memory.py) against the peak a real training step reaches on this CPU.
 
     python benchmarks/memory_plan.py --size nano --attention lrkv --micro-batch 8 --seq-len 64
     python -m torch.distributed.run --nproc-per-node 2 benchmarks/memory_plan.py --strategy fsdp ...
     python benchmarks/memory_plan.py --all          # the rows of BENCHMARKS.md (single and 2 gloo ranks)
 
-A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/parallel.py): forward
+A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/distributed/parallel.py): forward
 (under bf16 autocast with bf16-mixed), fp32 cross-entropy, backward, gradient clipping at 1.0, the
 optimiser's step and zero_grad(set_to_none=True). Three steps run; the peak is over the last two (the
 optimiser state exists from the first).
@@ -36,11 +36,12 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_modules import costs, memory  # noqa: E402
-from lightning_modules.attention import resolve_attention  # noqa: E402
+from lightning_modules.costs import counts as costs  # noqa: E402
+from lightning_modules.costs import memory  # noqa: E402
+from lightning_modules.distributed.parallel import ParallelConfig, parallelize  # noqa: E402
+from lightning_modules.model.attention import resolve_attention  # noqa: E402
+from lightning_modules.model.transformer import Transformer  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
-from lightning_modules.parallel import ParallelConfig, parallelize  # noqa: E402
-from lightning_modules.transformer import Transformer  # noqa: E402
 
 STEPS = 3
 

@@ -29,11 +29,11 @@ from torch.distributed.tensor import distribute_tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_modules import costs  # noqa: E402
-from lightning_modules.attention import AttentionConfig  # noqa: E402
+from lightning_modules.costs import counts as costs  # noqa: E402
+from lightning_modules.distributed.parallel import ParallelConfig, data_parallel_mesh, parallelize  # noqa: E402
+from lightning_modules.model.attention import AttentionConfig  # noqa: E402
+from lightning_modules.model.transformer import Transformer  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
-from lightning_modules.parallel import ParallelConfig, data_parallel_mesh, parallelize  # noqa: E402
-from lightning_modules.transformer import Transformer  # noqa: E402
 
 WARMUP = 2
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from lightning_overhead import lightning_tokens_per_s  # noqa: E402
 
-from lightning_modules import precision  # noqa: E402
+from lightning_modules.core import precision  # noqa: E402
 
 
 def main() -> None:

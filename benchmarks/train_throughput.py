@@ -11,7 +11,7 @@ heads, kv groups, head size, vocabulary, no biases, RMSNorm, QK-norm, a 4d MLP) 
 the two are timed alternately so that machine noise hits both alike. litgpt's MLP is GELU, ours ReLU^2:
 same matrix shapes, same FLOPs. Install it with `make litgpt` (pip install --no-deps litgpt safetensors).
 LRKV is measured on both training paths (factorized and materialized) so the faster can be chosen.
-With --compile every one of our models also runs with its blocks compiled (lightning_modules/compile.py,
+With --compile every one of our models also runs with its blocks compiled (lightning_modules/distributed/compile.py,
 what `model.compile: true` does), timed in the same round-robin; compilation happens in the warm-up.
 """
 
@@ -28,8 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_modules import costs, precision
-from lightning_modules.attention import (
+from lightning_modules.core import precision
+from lightning_modules.costs import counts as costs
+from lightning_modules.distributed.compile import compile_blocks
+from lightning_modules.model.attention import (
     REGISTRY,
     AttentionConfig,
     GroupedQueryAttention,
@@ -37,9 +39,8 @@ from lightning_modules.attention import (
     resolve,
     resolve_attention,
 )
-from lightning_modules.compile import compile_blocks
-from lightning_modules.config import ModelConfig
-from lightning_modules.transformer import Transformer
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
 
 
 def litgpt_model(model: ModelConfig, n_kv_heads: int) -> nn.Module:

@@ -1,7 +1,12 @@
-"""One exception family for the data pipeline, so callers and CLIs can tell bad data from bugs."""
+"""One exception family for the data pipeline, so callers and CLIs can tell bad data from bugs.
+
+DataError is a UserError: the entry points' one error path (lightning_modules/core/errors.py) reports it in one line.
+"""
+
+from lightning_modules.core.errors import UserError
 
 
-class DataError(Exception):
+class DataError(UserError):
     """Bad input or bad shards: the message names the file and what is wrong with it."""
 
 

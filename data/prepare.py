@@ -39,7 +39,7 @@ from data.sources import (
 )
 from data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, eot_id, for_encoding, load_tokenizer, train_bpe
 from data.verify import check_tokenizer, verify
-from lightning_modules.user_errors import run_entry
+from lightning_modules.core.errors import run_entry
 
 DEFAULT_VOCAB = 4096
 ENCODE_BATCH_BYTES = 1 << 20  # encode_batch runs documents in parallel; ~1 MB batches keep all cores busy

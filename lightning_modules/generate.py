@@ -10,128 +10,16 @@ Documents in the shards are each preceded by the end-of-text token (data/manifes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
-from typing import Any, TextIO
 
 import torch
-from tokenizers import Tokenizer
 
-from lightning_modules import precision
-from lightning_modules.attention import AttentionConfig
-from lightning_modules.checkpoint_file import read_checkpoint
-from lightning_modules.config import ConfigError, ModelConfig
-from lightning_modules.generation import Sampling, check_lengths, generate
-from lightning_modules.transformer import Transformer
-from lightning_modules.user_errors import UserError, run_entry
-
-STATE_PREFIX = "model."  # the LightningModule holds the decoder as self.model
-COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper, when the run compiled the model
-
-
-class GenerateError(UserError, RuntimeError):
-    """A checkpoint, manifest or tokenizer that cannot be used; the message names the file."""
-
-
-def _config(cls: type, value: Any, where: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, dict):
-        raise GenerateError(f"{where}: expected a dict of {cls.__name__} fields, got {type(value).__name__}")
-    return cls(**value)
-
-
-def load_model(
-    ckpt_path: str | Path, device: torch.device | str = "cpu"
-) -> tuple[Transformer, dict[str, Any]]:
-    """The decoder of a Lightning checkpoint, in eval mode on `device`, and the checkpoint dict."""
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise GenerateError(f"--ckpt {path}: no such checkpoint file; give a .ckpt written by fit")
-    try:  # weights_only: a foreign file is refused, never unpickled
-        ckpt = read_checkpoint(path, "--ckpt", required=())
-    except UserError as exc:
-        raise GenerateError(str(exc)) from exc
-    try:
-        hp = ckpt["hyper_parameters"]
-        model_cfg = _config(ModelConfig, hp["arch"], f"{path}: hyper_parameters.arch")
-        attention_cfg = _config(AttentionConfig, hp["attention"], f"{path}: hyper_parameters.attention")
-        state = ckpt["state_dict"]
-    except KeyError as exc:
-        raise GenerateError(
-            f"{path}: not a training checkpoint of this project (no {exc.args[0]!r})"
-        ) from exc
-    except (TypeError, ConfigError) as exc:
-        raise GenerateError(f"{path}: bad model config in hyper_parameters ({exc})") from exc
-    model = Transformer(model_cfg, attention_cfg)
-    weights = {
-        k.removeprefix(STATE_PREFIX).replace(COMPILED_PREFIX, ""): v
-        for k, v in state.items()
-        if k.startswith(STATE_PREFIX)
-    }
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise GenerateError(f"{path}: weights do not fit the config in the checkpoint ({exc})") from exc
-    return model.to(device).eval(), ckpt
-
-
-def load_tokenizer(data_dir: str | Path) -> tuple[Tokenizer, int]:
-    """The run's tokenizer and end-of-text id, through <data_dir>/manifest.json."""
-    manifest_path = Path(data_dir) / "manifest.json"
-    if not manifest_path.is_file():
-        raise GenerateError(
-            f"{manifest_path}: no data manifest; pass --data-dir with the directory the run was trained on "
-            "(it holds manifest.json and the tokenizer)"
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        tokenizer_path = Path(data_dir) / manifest["tokenizer"]
-        eot_id = int(manifest["eot_id"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise GenerateError(f"{manifest_path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
-    if not tokenizer_path.is_file():
-        raise GenerateError(f"{tokenizer_path}: tokenizer named by {manifest_path} is missing")
-    try:
-        return Tokenizer.from_file(str(tokenizer_path)), eot_id
-    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
-        raise GenerateError(f"{tokenizer_path}: cannot load tokenizer ({exc})") from exc
-
-
-class TextStream:
-    """Prints the text of the new tokens as they come. Decoding the whole sequence and printing the new suffix
-    (rather than decoding tokens one by one) keeps multi-token characters and merges right; a suffix that ends
-    inside a UTF-8 character (U+FFFD) waits for the next token."""
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], out: TextIO) -> None:
-        self.tokenizer, self.prompt_ids, self.out = tokenizer, prompt_ids, out
-        self.base = tokenizer.decode(prompt_ids)
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def _continuation(self) -> str:
-        full = self.tokenizer.decode(self.prompt_ids + self.ids)
-        return full[len(self.base) :] if full.startswith(self.base) else self.tokenizer.decode(self.ids)
-
-    def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        text = self._continuation()
-        if not text.endswith("\ufffd"):
-            self._emit(text)
-
-    def close(self) -> None:
-        self._emit(self._continuation())
-        self.out.write("\n")
-        self.out.flush()
-
-    def _emit(self, text: str) -> None:
-        new = text[len(self.emitted) :] if text.startswith(self.emitted) else text
-        if new:
-            self.out.write(new)
-            self.out.flush()
-        self.emitted = text
+from lightning_modules.core import precision
+from lightning_modules.core.errors import run_entry
+from lightning_modules.generation.checkpoint import GenerateError, load_model
+from lightning_modules.generation.loop import Sampling, check_lengths, generate
+from lightning_modules.generation.text import TextStream, load_tokenizer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,87 +1,21 @@
-"""What the MLflow UI needs to show these runs the way a person training models expects (docs/tracking.md).
-
-- MLflow 3 opens an experiment in its GenAI view (traces, prompts, judges). An experiment declares its kind
-  with the tag `mlflow.experimentKind` ("custom_model_development" is the model-training kind), which we set
-  once, never overwriting a user's choice. MLflow 3.17's UI, though, picks the view from its own
-  GenAI / Model training switch (kept in the browser), which a link sets with `workflowType=machine_learning`;
-  `ui_url` gives that link, and `python -m lightning_modules.mlflow_ui` prints it (make mlflow-ui).
-- The runs table's Dataset column lists a run's dataset inputs. The shards are logged as one, named after
-  the data directory, with the manifest's sha256 as digest (the manifest pins every shard's checksum, so
-  equal digests mean equal data) and the data directory as source.
-"""
+"""`python -m lightning_modules.mlflow_ui`: the link to the project's experiment in the MLflow UI's model-training
+view (make mlflow-ui prints it, then serves the UI; why the link: lightning_modules/tracking/ui.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING
+import warnings
 
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
-
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-MODEL_TRAINING = "custom_model_development"
-EXPERIMENT = "lrkv-lab"  # conf/base.yaml's experiment_name
-DIGEST_CHARS = 16  # MLflow stores a digest of at most 36 characters
-CONTEXTS = {"fit": "training", "validate": "validation", "test": "testing"}
-UI = "http://127.0.0.1:5000"  # make mlflow-ui
-
-
-def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
-    """Make the experiment open in the model-training view, unless it already declares a kind."""
-    experiment = client.get_experiment(experiment_id)
-    if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
-
-
-def manifest_dataset(data_dir: str | Path):  # noqa: ANN201 (mlflow.entities.Dataset, imported late)
-    """The shards of `data_dir` as an MLflow dataset: name, digest and source from its manifest.json."""
-    from mlflow.entities import Dataset
-
-    folder = Path(data_dir).resolve()
-    raw = (folder / "manifest.json").read_bytes()
-    manifest = json.loads(raw)
-    splits = {
-        name: {"samples": split["samples"], "tokens": split["tokens"]}
-        for name, split in manifest["splits"].items()
-    }
-    profile = {"vocab_size": manifest["vocab_size"], "seq_len": manifest["seq_len"], "splits": splits}
-    return Dataset(
-        name=folder.name,
-        digest=hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS],
-        source_type="local",
-        source=json.dumps({"uri": str(folder)}),
-        profile=json.dumps(profile),
-    )
-
-
-def log_dataset(client: MlflowClient, run_id: str, data_dir: str | Path, stage: str) -> None:
-    """Log the shards as a dataset input of the run, in the stage's context (training, validation, testing)."""
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    context = InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS.get(stage, stage))
-    client.log_inputs(run_id, datasets=[DatasetInput(manifest_dataset(data_dir), tags=[context])])
-
-
-def ui_url(experiment_id: str | None, base: str = UI) -> str:
-    """The UI's runs table of the experiment (or its experiment list) in the model-training view."""
-    page = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
-    return f"{base}/#/{page}?workflowType=machine_learning"
+from lightning_modules.tracking.store import EXPERIMENT, tracking_uri
+from lightning_modules.tracking.ui import ui_url
 
 
 def main() -> int:
     """Print the link to the project's experiment in the model-training view."""
-    import warnings
-
-    from lightning_modules import tracking
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from mlflow import MlflowClient
 
-    experiment = MlflowClient(tracking.tracking_uri()).get_experiment_by_name(EXPERIMENT)
+    experiment = MlflowClient(tracking_uri()).get_experiment_by_name(EXPERIMENT)
     print(f"MLflow UI: {ui_url(experiment.experiment_id if experiment else None)}")
     return 0
 

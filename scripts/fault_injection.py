@@ -47,7 +47,7 @@ class Outcome:
     seconds: float = 0.0
 
 
-CHECKPOINT_CALLBACK = "lightning_modules.checkpointing.EndOfFitModelCheckpoint"
+CHECKPOINT_CALLBACK = "lightning_modules.checkpoint.callback.EndOfFitModelCheckpoint"
 
 
 def fit_command(

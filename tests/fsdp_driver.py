@@ -1,4 +1,4 @@
-"""One multi-process job for tests/test_fsdp_training.py: for each attention, through main(), a straight fit,
+"""One multi-process job for tests/distributed/test_fsdp_training.py: for each attention, through main(), a straight fit,
 the same fit interrupted at half way, its resume from the sharded checkpoint, and a test from the final one.
 
 Run as `python -m tests.fsdp_driver --shards DIR --out DIR --kinds mha ... -- <more main() args>` with

@@ -7,12 +7,12 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_modules.attention import AttentionConfig, names
-from lightning_modules.config import ModelConfig
+from lightning_modules.model.attention import AttentionConfig, names
+from lightning_modules.model.config import ModelConfig
 
 
 class _Registered:
-    """The registered attentions, read when iterated: a variant registered by a test (tests/test_registry.py)
+    """The registered attentions, read when iterated: a variant registered by a test (tests/model/test_registry.py)
     is part of every suite parametrised over KINDS collected after it."""
 
     def __iter__(self):  # noqa: ANN204

@@ -1,4 +1,4 @@
-"""One 2-rank job for tests/test_meta_init.py (run under torchrun): meta-device init of a large model under
+"""One 2-rank job for tests/distributed/test_meta_init.py (run under torchrun): meta-device init of a large model under
 FSDP2 (setup only, peak RSS per rank), then, at a medium size, the initialised shards against a
 whole-model init and against a rerun. Each rank writes OUT/rank<r>.json."""
 
@@ -14,11 +14,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from lightning_modules import costs, meta_init
-from lightning_modules.attention import AttentionConfig
-from lightning_modules.config import ModelConfig
-from lightning_modules.parallel import ParallelConfig, parallelize
-from lightning_modules.transformer import Transformer
+from lightning_modules.costs import counts as costs
+from lightning_modules.distributed import meta_init
+from lightning_modules.distributed.parallel import ParallelConfig, parallelize
+from lightning_modules.model.attention import AttentionConfig
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
 
 SEED = 7
 

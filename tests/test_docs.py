@@ -52,7 +52,7 @@ def test_docs_cover_the_design() -> None:
     expected = {"architecture.md", "attentions.md", "costs.md", "data.md", "tracking.md", "paper-errata.md"}
     assert expected <= {p.name for p in (ROOT / "docs").glob("*.md")}
     attentions = (ROOT / "docs" / "attentions.md").read_text()
-    from lightning_modules.attention import names
+    from lightning_modules.model.attention import names
 
     for kind in names():  # every registered attention has its math and decode written down
         assert f"## {kind}" in attentions or f"| {kind} |" in attentions, kind

@@ -1,4 +1,4 @@
-"""A sixth attention written only for tests/test_registry.py: multi-head attention whose values are narrower
+"""A sixth attention written only for tests/model/test_registry.py: multi-head attention whose values are narrower
 than its keys (d_v < d_h), with one knob of its own. It exists to prove that registering a variant is all it
 takes for the generic suites, the cost table, the CLI and the analysis to cover it.
 
@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lightning_modules.attention import register
-from lightning_modules.attention.base import Attention
-from lightning_modules.attention.cache import TIME, LayerCache
-from lightning_modules.attention.kernel import attend
-from lightning_modules.attention.knobs import knob
-from lightning_modules.config import ConfigError, ModelConfig
-from lightning_modules.layers import RMSNorm, RotaryEmbedding
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.model.attention import register
+from lightning_modules.model.attention.base import Attention
+from lightning_modules.model.attention.cache import TIME, LayerCache
+from lightning_modules.model.attention.kernel import attend
+from lightning_modules.model.attention.knobs import knob
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.layers import RMSNorm, RotaryEmbedding
 
 NAME = "toy"
 

@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lightning_modules.checkpointing import EndOfFitModelCheckpoint
+from lightning_modules.checkpoint.callback import EndOfFitModelCheckpoint
 
 
 class StopAtStep(L.Callback):
@@ -110,7 +110,7 @@ class RecordEnvironment(L.Callback):
 class KillAfterSave(EndOfFitModelCheckpoint):
     """The project's checkpoint callback, which SIGKILLs its own process right after it saved step
     `kill_step`: between a step's checkpoint and the logging of that step's metrics (Lightning runs the
-    checkpoint callbacks' on_train_batch_end before it logs), the moment lightning_modules/step_log.py covers."""
+    checkpoint callbacks' on_train_batch_end before it logs), the moment lightning_modules/checkpoint/step_log.py covers."""
 
     def __init__(
         self,

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lightning_modules import costs
 from lightning_modules.analysis import paper
 from lightning_modules.analysis.styles import attention_order, attention_style, size_sort_key
 from lightning_modules.analysis.units import human
-from lightning_modules.attention import AttentionConfig
+from lightning_modules.costs import counts as costs
+from lightning_modules.model.attention import AttentionConfig
 
 COST_COLUMNS = [
     "size",

@@ -67,7 +67,7 @@ MAX_NAMED = 10  # runs named in one error message
 def knob_types() -> dict[str, type]:
     """knob name -> its declared type (int, float, str), for every registered attention. Imported when
     called: the registry imports torch, which a drawing kernel need not load to import this module."""
-    from lightning_modules.attention import knob_specs
+    from lightning_modules.model.attention import knob_specs
 
     return {name: spec.type for name, spec in knob_specs().items()}
 

@@ -1,7 +1,7 @@
 """Fixed looks and orders, so that every figure and table reads the same way.
 
 Colours and line styles per attention are declared by each variant class (`plot_style`, in
-lightning_modules/attention/) and the order is the registry's, so a registered variant appears in every
+lightning_modules/model/attention/) and the order is the registry's, so a registered variant appears in every
 figure and table without an edit here.
 """
 
@@ -20,13 +20,13 @@ SWEEP_MARKERS = (None, "o", "s", "^", "v", "D", "P", "X")
 def attention_order() -> tuple[str, ...]:
     """The registered attentions in registry order (the cost table's order). Imported when called: the
     registry imports torch, seconds of start-up that a module import should not cost a drawing kernel."""
-    from lightning_modules.attention import names
+    from lightning_modules.model.attention import names
 
     return names()
 
 
 def attention_style(attention: str) -> dict[str, Any]:
-    from lightning_modules.attention import REGISTRY
+    from lightning_modules.model.attention import REGISTRY
 
     cls = REGISTRY.get(attention)
     return dict(cls.plot_style if cls is not None and cls.plot_style else UNKNOWN_STYLE)

@@ -14,7 +14,7 @@ hybrid mesh), so each rank holds some rows of every matrix. One step here is:
 4. scatter: a second all_to_all sends each rank the rows of every result that it holds. Newton-Schulz
    returns bf16, so the results travel in bf16, which is exact.
 
-So a sharded step equals the single-process step bitwise (tests/test_fsdp_muon.py), Newton-Schulz FLOPs
+So a sharded step equals the single-process step bitwise (tests/optim/test_fsdp_muon.py), Newton-Schulz FLOPs
 per rank are about 1/world of the total, and the transient buffers of a step are this rank's rows of the
 group (its shard, already the size of its momentum) plus the matrices it owns, never the whole model.
 """
@@ -35,7 +35,7 @@ from torch.distributed.tensor._utils import _compute_local_shape_and_global_offs
 def ns_flops(shape: Sequence[int], steps: int) -> int:
     """FLOPs of torch's Newton-Schulz on one (m, n) matrix: with k = min(m, n), N = max(m, n), each step is
     X X^T (2k^2 N), b A + c A A (2k^3) and a X + B X (2k^2 N); checked against torch's flop counter in
-    tests/test_muon.py."""
+    tests/optim/test_muon.py."""
     k, n = sorted(shape)
     return steps * (4 * k * k * n + 2 * k**3)
 

@@ -12,7 +12,7 @@ would differ between variants for reasons that have nothing to do with attention
 exactly torch.optim.Muon's update (same momentum, Nesterov, Newton-Schulz iteration and coefficients, LR
 adjustment, decoupled weight decay), but on each logical block: row blocks of a fused weight
 (Attention.muon_blocks) and each matrix of a 3-D parameter. With no blocks it equals torch.optim.Muon
-(tests/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged.
+(tests/optim/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged.
 
 Under FSDP2 (docs/architecture.md, "Scale") parameters, gradients and momenta are DTensors sharded on dim 0,
 and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
@@ -22,7 +22,7 @@ and AdamW stay elementwise on the local shards. The matrices are split over the 
 gathers and orthogonalises only the matrices it owns, and the results come back to the ranks holding their
 rows, so Newton-Schulz costs each rank about 1/world of the total. `distribute_newton_schulz=False` keeps
 the earlier path (every rank gathers and orthogonalises every matrix; benchmarks/muon_step.py compares the
-two). tests/test_fsdp_muon.py shows the sharded step equals the unsharded one, bitwise, on both paths.
+two). tests/optim/test_fsdp_muon.py shows the sharded step equals the unsharded one, bitwise, on both paths.
 `ns_flops` counts the Newton-Schulz FLOPs this rank has run.
 """
 

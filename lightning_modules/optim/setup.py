@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from lightning_modules.config import ConfigError
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.muon import MuonAdamW
-from lightning_modules.transformer import Transformer
 
 
 @dataclass

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightning_modules import tracking
 from lightning_modules.analysis.errors import AnalysisError
-from lightning_modules.config import ConfigError
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.tracking import store as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,17 +17,19 @@ from typing import Any
 
 import yaml
 
-from lightning_modules import tracking
-from lightning_modules.attention import AttentionConfig, knob_specs, resolve_attention
-from lightning_modules.config import ConfigError, ModelConfig, fragment, load_model_config
-from lightning_modules.language_model import Budget
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.core.fragments import fragment
+from lightning_modules.model.attention import AttentionConfig, knob_specs, resolve_attention
+from lightning_modules.model.config import ModelConfig, load_model_config
+from lightning_modules.tracking import runs
+from lightning_modules.training.language_model import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"description", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit", "checkpoint_every"}
 DEFAULT_EXPERIMENT = "lrkv-study"
 # Set by the runner for every run; a protocol's `fit` settings may not touch them.
 RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir", "trainer.logger")
-TAG = "study."  # prefix of the tags the runner adds to the training module's own (tracking.run_tags)
+TAG = "study."  # prefix of the tags the runner adds to the training module's own (tracking/runs.py run_tags)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        return tracking.run_name(self.model, self.attention, self.seed)
+        return runs.run_name(self.model, self.attention, self.seed)
 
     def identity_fields(self) -> dict[str, str]:
         return {
@@ -71,7 +73,7 @@ class RunSpec:
 
     def tags(self) -> dict[str, str]:
         """The training module's tags (size, attention, knobs, seed, budget, commit) and the identity."""
-        tags = tracking.run_tags(self.model, self.attention, self.seed, self.budget.describe())
+        tags = runs.run_tags(self.model, self.attention, self.seed, self.budget.describe())
         tags.update({TAG + k: v for k, v in self.identity_fields().items()})
         tags[TAG + "identity"] = self.identity
         return tags

@@ -2,7 +2,7 @@
 
 `python -m lightning_modules.study conf/study/<p>.yaml --report --readme README.md` rewrites what lies between
 the README's two markers for that protocol (and nothing else), from the same tables the report writes into
-results/<p>/ (arms.csv, vs_mha.csv, cache_matched.csv). tests/test_study_summary.py checks that the block in
+results/<p>/ (arms.csv, vs_mha.csv, cache_matched.csv). tests/study/test_study_summary.py checks that the block in
 README.md equals what those committed tables give, so the front page cannot drift from the results.
 """
 

@@ -7,7 +7,7 @@ run, so `--workers N` trains N runs at once. The run was created by the runner w
 MLflow logger continues it (run_id), so fit, a resumed fit and test all land in that one run. Checkpoints go
 to DIR (one folder per run, named by the runner), only `last.ckpt`, every N steps and at the end: a study
 makes dozens of runs, and a resumed run needs only the newest state (written atomically, so a kill never
-leaves it half-written: tests/test_checkpoint_kill.py).
+leaves it half-written: tests/checkpoint/test_checkpoint_kill.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
-from lightning_modules.checkpointing import EndOfFitModelCheckpoint
-from lightning_modules.cli import main as cli_main
+from lightning_modules.checkpoint.callback import EndOfFitModelCheckpoint
 from lightning_modules.study.protocol import TAG
+from lightning_modules.training.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

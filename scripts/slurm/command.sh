@@ -1,6 +1,6 @@
 #!/bin/bash
 # The command each SLURM task runs (scripts/slurm/train.sbatch starts it with srun), printed one argument
-# per NUL-terminated field so that a test can start it without SLURM (tests/test_slurm_local.py):
+# per NUL-terminated field so that a test can start it without SLURM (tests/distributed/test_slurm_local.py):
 #
 #   mapfile -d '' COMMAND < <(bash scripts/slurm/command.sh [extra main.py fit arguments])
 #

@@ -15,9 +15,10 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from lightning_modules import costs, tracking
 from lightning_modules.analysis.runs import COST_COLUMNS
-from lightning_modules.attention import AttentionConfig, names, resolve_attention
+from lightning_modules.costs import counts as costs
+from lightning_modules.model.attention import AttentionConfig, names, resolve_attention
+from lightning_modules.tracking import runs
 
 EXPERIMENT = "lrkv-lab"
 SIZES = ("nano", "20m")
@@ -89,13 +90,13 @@ def _log_run(client: MlflowClient, experiment_id: str, spec: RunSpec) -> None:
     row = costs.cost_row(model, attention)
     steps = EVAL_STEPS[spec.size]
     budget = steps[-1] * TOKENS_PER_STEP[spec.size]
-    # The training CLI's own tag and parameter conventions (lightning_modules/tracking.py), so the contract
+    # The training CLI's own tag and parameter conventions (lightning_modules/tracking/store.py), so the contract
     # lives in one place; only the commit is pinned for determinism.
-    tags = tracking.run_tags(model, attention, spec.seed, f"tokens={budget:.3g}")
+    tags = runs.run_tags(model, attention, spec.seed, f"tokens={budget:.3g}")
     tags["git_commit"] = "0123456789abcdef0123456789abcdef01234567"
     assert tags["attention_label"] == spec.label
     config = {"model": {"arch": dataclasses.asdict(model), "attention": dataclasses.asdict(attention)}}
-    params = {k: str(v) for k, v in tracking.flatten(config).items() if v is not None}
+    params = {k: str(v) for k, v in runs.flatten(config).items() if v is not None}
     params["data.batch_size"] = str(TOKENS_PER_STEP[spec.size] // model.seq_len)
     params["trainer.max_steps"] = str(steps[-1])
     for key in COST_COLUMNS:  # the cost parameters the loader reads

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_modules.analysis import paper
 from lightning_modules.analysis.cost_tables import costs_beside_paper, flops_beside_paper, sweeps_beside_paper
-from lightning_modules.attention import names
+from lightning_modules.model.attention import names
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,8 @@
+"""What a configuration costs, computed from the shapes it builds (docs/costs.md).
+
+- counts.py    parameters, training and decode FLOPs per token, KV-cache bytes per token
+- table.py     the cost rows as the printed table
+- memory.py    the per-rank memory plan of one training step
+- fits.py      which paper runs fit on which GPUs, searched with the memory plan
+- __main__.py  `python -m lightning_modules.costs` (and `--memory`)
+"""

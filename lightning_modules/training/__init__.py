@@ -1,0 +1,6 @@
+"""Training with Lightning: the LightningModule, the CLI behind main.py, and the throughput callback.
+
+- language_model.py  the LightningModule: loss, metrics, optimisers, compute accounting, the budget
+- cli.py             LightningCLI with the project's conventions (precision, tracking, resume, run names)
+- throughput.py      tokens per second and model FLOPs utilisation per step
+"""

@@ -1,0 +1,160 @@
+"""Anticipated failures end in one line through the real entry points (main.py, python -m data.prepare,
+python -m lightning_modules.generate): non-zero exit, the thing named, what to do, no traceback
+(lightning_modules/core/errors.py). LRKV_DEBUG=1 brings the traceback back."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY_SEQ_LEN
+
+ROOT = Path(__file__).resolve().parents[2]
+NANO = [
+    "--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml"),
+    "--config", str(ROOT / "conf/attention/lrkv.yaml"), "--model.arch.seq_len", str(TINY_SEQ_LEN),
+    "--trainer.precision", "32-true", "--trainer.max_steps", "2", "--data.batch_size", "4",
+    "--trainer.enable_progress_bar", "false",
+]  # fmt: skip
+
+
+class _Unsafe:
+    """Unpickling this would call os.system: a checkpoint must never be loaded that way."""
+
+    def __reduce__(self) -> tuple:
+        return (os.system, ("echo unsafe-code-ran",))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unwritable(tmp_path: Path) -> Path | None:
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    try:  # root ignores modes: a read-only mount stands in
+        os.rmdir(tempfile.mkdtemp(dir="/sys"))
+    except OSError:
+        return Path("/sys")
+    return None
+
+
+def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str], list[str]]]:
+    """(name, argv after the interpreter, extra env, substrings the error line must hold)."""
+    truncated = tmp / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 1}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:500])
+    text = tmp / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    foreign = tmp / "foreign.ckpt"
+    torch.save({"a": 1}, foreign)
+    unsafe = tmp / "unsafe.ckpt"
+    torch.save({"x": _Unsafe()}, unsafe, pickle_module=pickle)
+    bad_yaml = tmp / "bad.yaml"
+    bad_yaml.write_text("trainer:\n  max_steps: [1\n")
+    corrupt = tmp / "corrupt-shards"
+    shutil.copytree(shards, corrupt)
+    shard = corrupt / "train-00000.tar"
+    payload = bytearray(shard.read_bytes())
+    payload[3000:3100] = b"x" * 100
+    shard.write_bytes(payload)
+    main = [str(ROOT / "main.py"), "fit", *NANO, "--data.data_dir", str(shards)]
+    deep = tmp / ("t" * 80)  # a TMPDIR too long for loader workers' sockets (data/worker_tempdir.py)
+    deep.mkdir()
+    cases = [
+        ("missing ckpt", [*main, "--ckpt_path", str(tmp / "nope.ckpt")], {}, ["nope.ckpt: no such file"]),
+        ("truncated ckpt", [*main, "--ckpt_path", str(truncated)], {}, ["truncated.ckpt", "not a readable"]),
+        ("text as ckpt", [*main, "--ckpt_path", str(text)], {}, ["notes.ckpt", "not a readable checkpoint"]),
+        ("foreign ckpt", [*main, "--ckpt_path", str(foreign)], {}, ["foreign.ckpt", "not a training checkpoint"]),
+        ("unsafe ckpt", [*main, "--ckpt_path", str(unsafe)], {}, ["unsafe.ckpt", "not loaded"]),
+        ("yaml syntax", [*main, "--config", str(bad_yaml)], {}, [f"{bad_yaml}: YAML syntax error at line 3"]),
+        (
+            "server down",
+            main,
+            {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{_free_port()}"},
+            ["is unreachable", "start the server"],
+        ),
+        (
+            "corrupt shard",
+            [*main, "--data.data_dir", str(corrupt), "--data.num_workers", "2"],
+            {},
+            ["train-00000.tar", "python -m data.verify"],
+        ),
+        (
+            "generate nan",
+            ["-m", "lightning_modules.generate", "--ckpt", str(foreign), "--prompt", "x", "--temperature", "nan"],
+            {},
+            ["temperature=nan", "finite number >= 0"],
+        ),
+        ("precision env", [a for a in main if a not in ("--trainer.precision", "32-true")], {"LRKV_PRECISION": "fp16"},
+         ["LRKV_PRECISION='fp16'", "auto, bf16 or fp32"]),  # read only where no precision is given
+        ("long TMPDIR", [*main, "--data.num_workers", "2"], {"TMPDIR": str(deep)}, [f"TMPDIR={deep}", "num_workers=0"]),
+        ("generate unsafe", ["-m", "lightning_modules.generate", "--ckpt", str(unsafe), "--prompt", "x"], {}, ["not loaded"]),
+    ]  # fmt: skip
+    ro = _unwritable(tmp)
+    if ro is not None:
+        prep = ["-m", "data.prepare", "--source", "shakespeare", "--out", str(ro / "out"), "--no-progress"]
+        cases.append(("prepare read-only", prep, {}, [str(ro), "not writable"]))
+    return cases
+
+
+def _problems(argv: list[str], env: dict[str, str], expected: list[str], cwd: Path) -> list[str]:
+    run = subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in run.stderr.splitlines() if ": error: " in line]
+    problems = []
+    if run.returncode == 0:
+        problems.append("exit 0")
+    if "Traceback" in run.stderr or len(errors) != 1:
+        problems.append(f"not one error line: {run.stderr[-1500:]}")
+    elif not all(part in errors[0] for part in expected):
+        problems.append(f"{errors[0]!r} lacks {expected}")
+    if "weights_only=False" in run.stderr or "unsafe-code-ran" in run.stdout:
+        problems.append("unsafe load advised or done")
+    return problems
+
+
+@pytest.mark.slow
+def test_each_bad_input_ends_in_one_line(tiny_shards: Path, mlflow_uri: str, tmp_path: Path) -> None:
+    # The rows are independent processes that spend most of their time importing (one thread each):
+    # three at a time on two cores take about half as long as one after another.
+    cases = _cases(tmp_path, tiny_shards)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda case: _problems(case[1], case[2], case[3], tmp_path), cases))
+    failures = [
+        f"{case[0]}: {'; '.join(problems)}" for case, problems in zip(cases, results, strict=True) if problems
+    ]
+    assert not failures, "\n".join(failures)
+
+
+def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
+    argv = ["-m", "lightning_modules.generate", "--ckpt", str(tmp_path / "nope.ckpt"), "--prompt", "x"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    quiet = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+    loud = subprocess.run(
+        [sys.executable, *argv], env={**env, "LRKV_DEBUG": "1"}, capture_output=True, text=True
+    )
+    assert quiet.returncode == loud.returncode == 2
+    assert "Traceback" not in quiet.stderr and "generate: error: --ckpt" in quiet.stderr
+    assert "Traceback" in loud.stderr and "GenerateError" in loud.stderr

@@ -1,0 +1,84 @@
+"""The CLI: every YAML in conf/ parses, --print_config works, bad values fail at parse time naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from main import main
+from tests.conftest import TINY_SEQ_LEN
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+# conf/study/ holds study protocols, not main.py fragments (tests/study/test_study.py loads them).
+FRAGMENTS = sorted(
+    p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.name != "base.yaml" and p.parent.name != "study"
+)
+
+
+@pytest.mark.parametrize("fragment", [Path("base.yaml"), *FRAGMENTS], ids=str)
+def test_every_conf_yaml_parses(fragment: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    configs = ["--config", str(CONF / "base.yaml"), "--config", str(CONF / "model/nano.yaml")]
+    configs += ["--config", str(CONF / fragment)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *configs, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    own = yaml.safe_load((CONF / fragment).read_text())
+    # every key the fragment sets reaches the merged config
+    for section, values in own.items():
+        if section == "trainer" and "callbacks" in values:
+            values = {k: v for k, v in values.items() if k != "callbacks"}
+        if isinstance(values, dict):
+            for key, value in values.items():
+                if not isinstance(value, dict):
+                    assert printed[section][key] == value, (section, key)
+
+
+def bad(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONF / "base.yaml"), "--config", str(CONF / "model/nano.yaml"), *args])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_attention_fails_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
+    err = bad(["--model.attention.kind", "flash"], capsys)
+    assert "attention.kind: unknown attention 'flash'; allowed: gqa, lrkv, mha, mla, mqa" in err
+
+
+def test_rank_given_to_gqa_fails_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
+    err = bad(["--config", str(CONF / "attention/gqa.yaml"), "--model.attention.rank", "4"], capsys)
+    assert "attention.rank is not used by attention kind 'gqa'" in err
+
+
+def test_bad_optimizer_and_budget_fail_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "optimizer.name='sgd'" in bad(
+        ["--config", str(CONF / "attention/mha.yaml"), "--model.optimizer.name", "sgd"], capsys
+    )
+    err = bad(
+        [
+            "--config",
+            str(CONF / "attention/mha.yaml"),
+            "--model.budget.flops",
+            "1e12",
+            "--model.budget.tokens",
+            "5",
+        ],
+        capsys,
+    )
+    assert "model.budget: give tokens or flops, not both" in err
+
+
+def test_seq_len_differing_from_manifest_fails(tiny_shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = bad(["--config", str(CONF / "attention/mha.yaml"), "--data.data_dir", str(tiny_shards)], capsys)
+    assert f"model.arch.seq_len=256 differs from seq_len={TINY_SEQ_LEN}" in err
+
+
+def test_missing_shards_say_how_to_build_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = bad(
+        ["--config", str(CONF / "attention/mha.yaml"), "--data.data_dir", str(tmp_path / "none")], capsys
+    )
+    assert "no manifest.json there; build shards with `make data`" in err
