@@ -149,7 +149,7 @@ def cache_bytes(net: Transformer, tokens: torch.Tensor, prefill: int) -> dict[st
     bf16 = net if next(net.parameters()).dtype == torch.bfloat16 else copy.deepcopy(net).to(torch.bfloat16)
     _, caches = run_generation(bf16, tokens, prefill)
     n_tokens = tokens.numel()  # batch x positions
-    per_token = costs.kv_cache_bytes_per_token(net.config, net.attention_config)
+    per_token = costs.kv_cache_bytes_per_token(net.config, net.resolved)
     return {
         "cache_tokens": n_tokens,
         "measured_cache_bytes": caches_nbytes(caches),
@@ -211,7 +211,7 @@ def decode_speed(
     for kind, step in steps.items():
         seconds = statistics.median(wall for wall, _ in times[kind])
         cpu_seconds = statistics.median(cpu for _, cpu in times[kind])
-        flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].attention_config, context)
+        flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].resolved, context)
         out[kind] = {
             "context": context,
             "batch": args.batch,

@@ -13,7 +13,7 @@ def main() -> int:
     """Print the link to the project's experiment in the model-training view."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # late and quiet: mlflow warns while it imports
 
     experiment = MlflowClient(tracking_uri()).get_experiment_by_name(EXPERIMENT)
     print(f"MLflow UI: {ui_url(experiment.experiment_id if experiment else None)}")

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from lightning_modules.core.fragments import fragment
-from lightning_modules.model.attention import AttentionConfig, load_configs, names, resolve
+from lightning_modules.model.attention import AttentionConfig, Resolved, as_resolved, load_configs, names
 from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
 
 PAPER_SIZES = ("128m", "1b", "2.5b", "6.3b")
 TABLE_SIZES = ("nano", *PAPER_SIZES)
@@ -43,9 +44,7 @@ class ParamCounts:
     attention: int
 
 
-def param_counts(model: ModelConfig, attention: AttentionConfig) -> ParamCounts:
-    from lightning_modules.model.transformer import Transformer  # late: transformer imports nothing from here
-
+def param_counts(model: ModelConfig, attention: AttentionConfig | Resolved) -> ParamCounts:
     with torch.device("meta"):
         net = Transformer(model, attention)
 
@@ -58,8 +57,10 @@ def param_counts(model: ModelConfig, attention: AttentionConfig) -> ParamCounts:
     return ParamCounts(total, embedding, total - embedding, attn)
 
 
-def forward_flops_per_token(model: ModelConfig, attention: AttentionConfig, tokens_per_forward: int) -> float:
-    cls, knobs = resolve(model, attention)[1:]
+def forward_flops_per_token(
+    model: ModelConfig, attention: AttentionConfig | Resolved, tokens_per_forward: int
+) -> float:
+    cls, knobs = as_resolved(model, attention)[1:]
     d, L, H, T = model.d_model, model.n_layer, model.n_head, model.seq_len
     d_qk, d_v = cls.score_dims(model, knobs)
     matmul = L * (cls.train_matmul_flops_per_token(model, knobs) + 2 * 2 * d * model.mlp_ratio * d)
@@ -70,22 +71,22 @@ def forward_flops_per_token(model: ModelConfig, attention: AttentionConfig, toke
 
 
 def train_flops_per_token(
-    model: ModelConfig, attention: AttentionConfig, tokens_per_forward: int | None = None
+    model: ModelConfig, attention: AttentionConfig | Resolved, tokens_per_forward: int | None = None
 ) -> float:
     """Forward + backward FLOPs per trained token. `tokens_per_forward` (micro-batch x seq_len; default one
     sequence) only matters for paths with a per-forward cost, such as LRKV's materialized weights."""
     return 3 * forward_flops_per_token(model, attention, tokens_per_forward or model.seq_len)
 
 
-def decode_flops_per_token(model: ModelConfig, attention: AttentionConfig, context: int) -> int:
-    cls, knobs = resolve(model, attention)[1:]
+def decode_flops_per_token(model: ModelConfig, attention: AttentionConfig | Resolved, context: int) -> int:
+    cls, knobs = as_resolved(model, attention)[1:]
     d = model.d_model
     per_layer = cls.decode_flops_per_token(model, knobs, context) + 2 * 2 * d * model.mlp_ratio * d
     return model.n_layer * per_layer + 2 * d * model.padded_vocab_size
 
 
-def kv_cache_bytes_per_token(model: ModelConfig, attention: AttentionConfig) -> int:
-    cls, knobs = resolve(model, attention)[1:]
+def kv_cache_bytes_per_token(model: ModelConfig, attention: AttentionConfig | Resolved) -> int:
+    cls, knobs = as_resolved(model, attention)[1:]
     return CACHE_BYTES_PER_ELEMENT * cls.cache_elements_per_token(model, knobs) * model.n_layer
 
 
@@ -93,23 +94,26 @@ def mha_cache_bytes_per_token(model: ModelConfig) -> int:
     return kv_cache_bytes_per_token(model, AttentionConfig(kind=BASELINE))
 
 
-def cost_row(model: ModelConfig, attention: AttentionConfig, context: int | None = None) -> dict[str, Any]:
+def cost_row(
+    model: ModelConfig, attention: AttentionConfig | Resolved, context: int | None = None
+) -> dict[str, Any]:
     """Every cost of one size x attention as a flat dict (the --json row; also logged to MLflow)."""
-    attention, cls, knobs = resolve(model, attention)
+    resolved = as_resolved(model, attention)  # once: every count below takes it as it is
+    config, cls, knobs = resolved
     context = context or model.seq_len
-    params = param_counts(model, attention)
-    cache = kv_cache_bytes_per_token(model, attention)
+    params = param_counts(model, resolved)
+    cache = kv_cache_bytes_per_token(model, resolved)
     row: dict[str, Any] = {
         "size": model.name,
-        "attention": attention.kind,
-        "label": attention.label(),
+        "attention": config.kind,
+        "label": config.label(),
         "params": params.total,
         "embedding_params": params.embedding,
         "non_embedding_params": params.non_embedding,
         "attention_params": params.attention,
-        "train_flops_per_token": train_flops_per_token(model, attention),
+        "train_flops_per_token": train_flops_per_token(model, resolved),
         "decode_context": context,
-        "decode_flops_per_token": decode_flops_per_token(model, attention, context),
+        "decode_flops_per_token": decode_flops_per_token(model, resolved, context),
         "kv_cache_bytes_per_token": cache,
         "kv_cache_vs_mha": cache / mha_cache_bytes_per_token(model),
     }

@@ -38,10 +38,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lightning_modules.core.errors import ConfigError
-from lightning_modules.model.attention import AttentionConfig, resolve_attention
+from lightning_modules.model.attention import AttentionConfig, Resolved, as_resolved
 from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.transformer import Transformer
+from lightning_modules.optim.setup import OptimizerConfig, param_groups
 
 STRATEGIES = ("single", "ddp", "fsdp", "hybrid")
 PRECISIONS = ("32-true", "bf16-mixed")
@@ -111,9 +114,7 @@ class MemoryPlan:
 
 
 # ----- the decoder's shapes, on the meta device ------------------------------------------------------------
-def _meta_model(model: ModelConfig, attention: AttentionConfig) -> torch.nn.Module:
-    from lightning_modules.model.transformer import Transformer
-
+def _meta_model(model: ModelConfig, attention: Resolved) -> torch.nn.Module:
     with torch.device("meta"):
         return Transformer(model, attention)
 
@@ -153,29 +154,28 @@ class Activations:
 _TRACED: dict[tuple[str, str, int, str, bool], Activations] = {}
 
 
-def activations(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Activations:
+def activations(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup) -> Activations:
     """activations_traced, once per model, attention, micro-batch, precision and sharding (a table of
     plans asks for the same traces many times)."""
-    key = (repr(model), repr(attention), setup.micro_batch, setup.precision, setup.sharded)
+    resolved = as_resolved(model, attention)
+    key = (repr(model), repr(resolved.config), setup.micro_batch, setup.precision, setup.sharded)
     if key not in _TRACED:
-        _TRACED[key] = activations_traced(model, attention, setup)
+        _TRACED[key] = activations_traced(model, resolved, setup)
     return _TRACED[key]
 
 
-def activations_traced(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Activations:
+def activations_traced(
+    model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
+) -> Activations:
     """Saved-for-backward bytes of one block and of the rest, at (micro_batch, seq_len), traced without
     allocating. Under FSDP with bf16-mixed the blocks and the root compute with bf16 weights (no autocast
     copies of the weights are saved); on one device autocast saves a bf16 copy of every weight it casts."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from lightning_modules.model.transformer import Transformer
-
-    attention = resolve_attention(model, attention)
+    resolved = as_resolved(model, attention)
     one_layer = dataclasses.replace(model, n_layer=1)
     mixed = setup.precision == "bf16-mixed"
     B, T = setup.micro_batch, model.seq_len
     with FakeTensorMode(allow_non_fake_inputs=False):
-        net = Transformer(one_layer, attention)
+        net = Transformer(one_layer, resolved)
         if (
             mixed and setup.sharded
         ):  # FSDP's param_dtype: everything but the embedding (lightning_modules/distributed/parallel.py)
@@ -202,11 +202,9 @@ def activations_traced(model: ModelConfig, attention: AttentionConfig, setup: Se
 
 
 # ----- the plan -----------------------------------------------------------------------------------------
-def plan(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> MemoryPlan:
-    from lightning_modules.optim.setup import OptimizerConfig, param_groups
-
-    attention = resolve_attention(model, attention)
-    net = _meta_model(model, attention)
+def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup) -> MemoryPlan:
+    resolved = as_resolved(model, attention)  # once: the meta model and the traces take it as it is
+    net = _meta_model(model, resolved)
     shard = setup.shard_ranks
     groups, _ = param_groups(net, OptimizerConfig(name=setup.optimizer))  # type: ignore[arg-type]
     local = {p: _local_numel(p.shape, shard) for p in net.parameters()}
@@ -217,7 +215,7 @@ def plan(model: ModelConfig, attention: AttentionConfig, setup: Setup) -> Memory
         per = 1 if group["use_muon"] else 2  # momentum, or AdamW's two moments
         optimizer += per * FP32 * sum(local[p] for p in group["params"])
 
-    act = activations(model, attention, setup)
+    act = activations(model, resolved, setup)
     L = model.n_layer
     kept_per_block = act.block_input if setup.activation_checkpointing else act.block
     activation_bytes = L * kept_per_block + act.ends
@@ -307,8 +305,10 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def format_plan(model: ModelConfig, attention: AttentionConfig, setup: Setup, result: MemoryPlan) -> str:
-    attention = resolve_attention(model, attention)
+def format_plan(
+    model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup, result: MemoryPlan
+) -> str:
+    attention = as_resolved(model, attention).config
     where = setup.strategy + (f" x {setup.world}" if setup.world > 1 else "")
     if setup.strategy == "hybrid":
         where += f" ({setup.nodes} nodes)"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from lightning_modules.model.attention import AttentionConfig
+from lightning_modules.model.attention import AttentionConfig, Resolved
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import RotaryEmbedding
 from lightning_modules.model.transformer import Transformer
@@ -27,7 +27,7 @@ from lightning_modules.model.transformer import Transformer
 _SHARD_STRIDE = 1_000_003
 
 
-def build_on_meta(model: ModelConfig, attention: AttentionConfig) -> Transformer:
+def build_on_meta(model: ModelConfig, attention: AttentionConfig | Resolved) -> Transformer:
     with torch.device("meta"):
         return Transformer(model, attention)
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.model.attention import AttentionConfig, Resolved, resolve
+from lightning_modules.model.attention import AttentionConfig, Resolved, as_resolved
 from lightning_modules.model.attention.cache import LayerCache
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import MLP, RMSNorm, RotaryEmbedding
@@ -39,10 +39,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, model: ModelConfig, attention: AttentionConfig) -> None:
+    def __init__(self, model: ModelConfig, attention: AttentionConfig | Resolved) -> None:
         super().__init__()
         self.config = model
-        resolved = resolve(model, attention)
+        resolved = as_resolved(model, attention)
+        self.resolved = resolved  # what the cost model reads for this decoder, without resolving again
         self.attention_config = resolved.config
         vocab = model.padded_vocab_size
         self.embed = nn.Embedding(vocab, model.d_model)

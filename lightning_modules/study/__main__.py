@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after claiming (store.py)")
     parser.add_argument("--stale-after-s", type=float, default=600.0, help="heartbeat age of a stale claim")
     args = parser.parse_args(argv)
+    # After parsing: --help and a bad option answer without importing the training stack (Lightning, torch).
     from lightning_modules.study import protocol as protocols
     from lightning_modules.study.store import Store
 
@@ -40,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         protocol = protocols.load(args.protocol)
         uri = tracking.tracking_uri()
         if args.report:
-            from lightning_modules.study import report
+            from lightning_modules.study import report  # pandas and matplotlib: only a report needs them
 
             report.write(protocol, uri, args.out, args.readme)  # a bad README: ValueError (summary.py)
             return 0
         tracking.check_reachable(uri)
         store = Store(uri, protocol.experiment, args.settle_s, args.stale_after_s)
-        from lightning_modules.study.runner import Runner
+        from lightning_modules.study.runner import Runner  # only once the store answered
 
         command = " ".join(["python -m lightning_modules.study", *(sys.argv[1:] if argv is None else argv)])
         runner = Runner(protocol, store, args.workers, args.checkpoints, command)

@@ -28,7 +28,7 @@ def run_one(size: str, kind: str, seed: int, data: str, budget: str, extra: list
     cli = cli_main(args)
     (test,) = cli.trainer.test(cli.model, datamodule=cli.datamodule)
     model = cli.model
-    row = cost_row(model.arch, model.attention)
+    row = cost_row(model.arch, model.resolved)
     return {
         "size": size,
         "attention": model.attention.label(),

@@ -58,7 +58,7 @@ def runner_name() -> str:
 def _client(uri: str) -> MlflowClient:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # late and quiet: mlflow warns while it imports
     return MlflowClient(tracking_uri=uri)
 
 

@@ -15,7 +15,7 @@ from lightning_modules.tracking.buffer import BufferedClient, PendingFileError, 
 
 def replay(path: Path, tracking_uri: str | None = None, run_id: str | None = None) -> int:
     """Send every call in the pending file; the number sent. Raises PendingFileError or the store's error."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # late: mlflow takes seconds to import; --help need not wait
 
     if not path.is_file():
         raise PendingFileError(f"{path}: no such pending MLflow file")

@@ -68,7 +68,7 @@ def store_lock(uri: str) -> Iterator[None]:
 def check_reachable(uri: str) -> None:
     """Fail fast, naming the URI, if the store cannot be opened or the server does not answer."""
     fail_fast_http()
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # late: the store rules above must stay cheap to import
 
     try:
         with store_lock(uri):

@@ -36,7 +36,7 @@ def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
 
 def manifest_dataset(data_dir: str | Path):  # noqa: ANN201 (mlflow.entities.Dataset, imported late)
     """The shards of `data_dir` as an MLflow dataset: name, digest and source from its manifest.json."""
-    from mlflow.entities import Dataset
+    from mlflow.entities import Dataset  # late: mlflow takes seconds to import
 
     folder = Path(data_dir).resolve()
     raw = (folder / "manifest.json").read_bytes()
@@ -57,7 +57,7 @@ def manifest_dataset(data_dir: str | Path):  # noqa: ANN201 (mlflow.entities.Dat
 
 def log_dataset(client: MlflowClient, run_id: str, data_dir: str | Path, stage: str) -> None:
     """Log the shards as a dataset input of the run, in the stage's context (training, validation, testing)."""
-    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.entities import DatasetInput, InputTag  # late, as above
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     context = InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS.get(stage, stage))

@@ -94,7 +94,7 @@ class MLflowConfigCallback(SaveConfigCallback):
         resumed = "mlflow.source.name" in run.data.tags and bool(run.data.params)
         if not resumed:  # MLflow forbids changing a parameter; a resumed run keeps the first values
             params = runs.flatten(self.config.as_dict())
-            row = costs.cost_row(pl_module.arch, pl_module.attention)
+            row = costs.cost_row(pl_module.arch, pl_module.resolved)
             params.update({f"cost.{k}": v for k, v in row.items() if k not in ("size", "attention", "label")})
             logger.log_hyperparams(params)
         with tempfile.TemporaryDirectory() as tmp:

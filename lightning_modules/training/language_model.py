@@ -33,7 +33,7 @@ from lightning_modules.distributed.parallel import (
     parallelize,
     param_dtype_for,
 )
-from lightning_modules.model.attention import AttentionConfig, kernel, resolve_attention
+from lightning_modules.model.attention import AttentionConfig, Resolved, kernel, resolve
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
@@ -85,7 +85,9 @@ class LanguageModel(L.LightningModule):
         """compile: torch.compile each decoder block (lightning_modules/distributed/compile.py)."""
         super().__init__()
         self.arch: ModelConfig = _as(ModelConfig, arch)
-        self.attention: AttentionConfig = resolve_attention(self.arch, _as(AttentionConfig, attention))
+        # Resolved once, here where the model is built; the decoder and the cost model take it as it is.
+        self.resolved: Resolved = resolve(self.arch, _as(AttentionConfig, attention))
+        self.attention: AttentionConfig = self.resolved.config
         self.optim_config: OptimizerConfig = _as(OptimizerConfig, optimizer) or OptimizerConfig()
         self.budget: Budget = _as(Budget, budget) or Budget()
         self.parallel: ParallelConfig = _as(ParallelConfig, parallel) or ParallelConfig()
@@ -93,9 +95,9 @@ class LanguageModel(L.LightningModule):
         # logger=False: the CLI logs the whole merged config once (cli.MLflowConfigCallback), not this subset.
         self.save_hyperparameters(logger=False)
         if self.parallel.meta_init:  # shapes only; configure_model shards, then materialises (lightning_modules/distributed/meta_init.py)
-            self.model = meta_init.build_on_meta(self.arch, self.attention)
+            self.model = meta_init.build_on_meta(self.arch, self.resolved)
         else:
-            self.model = Transformer(self.arch, self.attention)
+            self.model = Transformer(self.arch, self.resolved)
         self.tokens_seen = 0
         self._flops_per_token: dict[int, float] = {}
         self.flops_seen = 0.0
@@ -112,7 +114,7 @@ class LanguageModel(L.LightningModule):
         # Called every training step: computed once per micro-batch size, not re-resolved each step.
         if tokens_per_forward not in self._flops_per_token:
             self._flops_per_token[tokens_per_forward] = costs.train_flops_per_token(
-                self.arch, self.attention, tokens_per_forward
+                self.arch, self.resolved, tokens_per_forward
             )
         return self._flops_per_token[tokens_per_forward]
 

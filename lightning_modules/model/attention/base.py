@@ -20,6 +20,8 @@ from lightning_modules.model.attention.knobs import KnobSpec, NoKnobs, specs
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import RotaryEmbedding
 
+REGISTERED_AS = "_registered_as"  # the class attribute holding the name a class is registered under
+
 
 class Attention(nn.Module):
     """Base class: subclasses declare `Knobs`, implement forward, decode and the FLOP class methods."""
@@ -43,12 +45,10 @@ class Attention(nn.Module):
 
     @classmethod
     def kind(cls) -> str:
-        """The name this class is registered under (its class name if it is not registered)."""
-        from lightning_modules.model.attention.registry import (
-            REGISTRY,  # late: the registry types this module
-        )
-
-        return next((name for name, c in REGISTRY.items() if c is cls), cls.__name__)
+        """The name this class is registered under (its class name if it is not registered). The registry
+        writes the name into the class it registers (attention/registry.py `register`), so this module needs
+        nothing from the registry."""
+        return cls.__dict__.get(REGISTERED_AS, cls.__name__)
 
     # ----- configuration -------------------------------------------------------------------------
     @classmethod

@@ -17,14 +17,12 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.model.attention.base import REGISTERED_AS, Attention
 from lightning_modules.model.attention.knobs import KnobSpec, specs
 from lightning_modules.model.config import ModelConfig, load_model_config
-
-if TYPE_CHECKING:
-    from lightning_modules.model.attention.base import Attention
 
 REGISTRY: dict[str, type[Attention]] = {}
 
@@ -93,11 +91,15 @@ def register(name: str, cls: type[Attention]) -> None:
         ):
             raise TypeError(f"knob {spec.name!r} of {cls.__name__} conflicts with {known[spec.name]}")
     REGISTRY[name] = cls
+    if REGISTERED_AS not in cls.__dict__:  # a class registered twice keeps its first name
+        setattr(cls, REGISTERED_AS, name)
     _rebuild_config()
 
 
 def unregister(name: str) -> None:
-    del REGISTRY[name]
+    cls = REGISTRY.pop(name)
+    if cls.__dict__.get(REGISTERED_AS) == name:
+        delattr(cls, REGISTERED_AS)
     _rebuild_config()
 
 
@@ -180,6 +182,13 @@ def resolve(model: ModelConfig, attention: AttentionConfig) -> Resolved:
     knobs = cls.Knobs(**knob_values(config))
     cls.validate(model, knobs)
     return Resolved(config, cls, knobs)
+
+
+def as_resolved(model: ModelConfig, attention: AttentionConfig | Resolved) -> Resolved:
+    """`attention` resolved against `model`: as given when the caller resolved it already (the model is
+    resolved once where it is built and the Resolved passed down to the decoder and the cost model), else
+    resolved now."""
+    return attention if isinstance(attention, Resolved) else resolve(model, attention)
 
 
 def resolve_attention(model: ModelConfig, attention: AttentionConfig) -> AttentionConfig:
