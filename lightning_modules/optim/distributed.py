@@ -125,7 +125,25 @@ class Plan:
         orthogonalised update, and the bytes of the transient buffers this step allocated."""
         flat = [t.reshape(t.shape[0], -1) for t in local]
         dtype = flat[0].dtype if flat else torch.float32
-        # 1. my rows of every matrix, to its owner (if I am one of the owner's sources)
+        send_buf, recv_buf, recv_sizes = self._gather(flat, dtype)
+        results = self._orthogonalise_owned(flat, recv_buf, recv_sizes, orthogonalise)
+        send2_buf, recv2_buf, out = self._scatter(flat, results, send_buf)
+        buffers = [send_buf, recv_buf, *results, send2_buf, recv2_buf, *out]
+        transient = sum(b.numel() * b.element_size() for b in buffers)
+        return [o.view(t.shape) for o, t in zip(out, local, strict=True)], transient
+
+    # 1. gather: my rows of every matrix, to its owner (if I am one of the owner's sources)
+    def _gather(self, flat: list[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor, list[int]]:
+        """One all_to_all of rows to owners: (send buffer, receive buffer, elements received per rank)."""
+        send, send_sizes = self._rows_for_owners(flat, dtype)
+        recv_sizes = [self._received_from(s, flat) for s in range(self.world)]
+        send_buf = torch.cat(send) if send else flat[0].new_empty(0, dtype=dtype)
+        recv_buf = send_buf.new_empty(sum(recv_sizes))
+        dist.all_to_all_single(recv_buf, send_buf, recv_sizes, send_sizes, group=self.group)
+        return send_buf, recv_buf, recv_sizes
+
+    def _rows_for_owners(self, flat: list[Tensor], dtype: torch.dtype) -> tuple[list[Tensor], list[int]]:
+        """My rows of each owner's matrices, flattened in owner then matrix order, and the count per owner."""
         send, send_sizes = [], []
         for o in range(self.world):
             size = 0
@@ -138,18 +156,27 @@ class Plan:
                             send.append(flat[m.param][lo - base : hi - base].to(dtype).reshape(-1))
                             size += send[-1].numel()
             send_sizes.append(size)
-        recv_sizes = []
-        for s in range(self.world):
-            size = 0
-            if s in self.sources[self.me]:
-                for m in self.owned:
-                    lo, hi = self.overlap(m, s)
-                    size += max(0, hi - lo) * flat[m.param].shape[1]
-            recv_sizes.append(size)
-        send_buf = torch.cat(send) if send else flat[0].new_empty(0, dtype=dtype)
-        recv_buf = send_buf.new_empty(sum(recv_sizes))
-        dist.all_to_all_single(recv_buf, send_buf, recv_sizes, send_sizes, group=self.group)
-        # 2. assemble and orthogonalise my matrices
+        return send, send_sizes
+
+    def _received_from(self, s: int, flat: list[Tensor]) -> int:
+        """Elements of my matrices that rank s sends me (none unless it is one of my sources)."""
+        if s not in self.sources[self.me]:
+            return 0
+        size = 0
+        for m in self.owned:
+            lo, hi = self.overlap(m, s)
+            size += max(0, hi - lo) * flat[m.param].shape[1]
+        return size
+
+    # 2. assemble and orthogonalise my matrices
+    def _orthogonalise_owned(
+        self,
+        flat: list[Tensor],
+        recv_buf: Tensor,
+        recv_sizes: list[int],
+        orthogonalise: Callable[[Tensor], Tensor],
+    ) -> list[Tensor]:
+        """Each matrix I own, its rows taken from its sources in row order, orthogonalised whole."""
         pieces = list(recv_buf.split(recv_sizes))
         cursor = [0] * self.world
         results: list[Tensor] = []
@@ -162,8 +189,27 @@ class Plan:
                     rows.append(pieces[s][cursor[s] : cursor[s] + n])
                     cursor[s] += n
             results.append(orthogonalise(torch.cat(rows).reshape(m.shape)).reshape(m.stop - m.start, -1))
-        # 3. every rank's rows of my results, back to it
+        return results
+
+    # 3. scatter: every rank's rows of my results, back to it
+    def _scatter(
+        self, flat: list[Tensor], results: list[Tensor], send_buf: Tensor
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """One all_to_all of results to the ranks holding their rows: (send buffer, receive buffer, my rows
+        of every orthogonalised parameter, still flat)."""
         out_dtype = results[0].dtype if results else torch.bfloat16
+        send2, send2_sizes = self._rows_for_holders(results)
+        recv2_sizes = [0] * self.world
+        for m in self.matrices:
+            lo, hi = self.overlap(m, self.me)
+            recv2_sizes[m.owner] += max(0, hi - lo) * flat[m.param].shape[1]
+        send2_buf = torch.cat(send2) if send2 else send_buf.new_empty(0, dtype=out_dtype)
+        recv2_buf = send2_buf.new_empty(sum(recv2_sizes), dtype=out_dtype)
+        dist.all_to_all_single(recv2_buf, send2_buf.to(out_dtype), recv2_sizes, send2_sizes, group=self.group)
+        return send2_buf, recv2_buf, self._place(flat, recv2_buf, recv2_sizes, out_dtype)
+
+    def _rows_for_holders(self, results: list[Tensor]) -> tuple[list[Tensor], list[int]]:
+        """The rows of my results each rank holds, flattened in rank then matrix order, and the count per rank."""
         send2, send2_sizes = [], []
         for r in range(self.world):
             size = 0
@@ -173,13 +219,12 @@ class Plan:
                     send2.append(res[lo - m.start : hi - m.start].reshape(-1))
                     size += send2[-1].numel()
             send2_sizes.append(size)
-        recv2_sizes = [0] * self.world
-        for m in self.matrices:
-            lo, hi = self.overlap(m, self.me)
-            recv2_sizes[m.owner] += max(0, hi - lo) * flat[m.param].shape[1]
-        send2_buf = torch.cat(send2) if send2 else send_buf.new_empty(0, dtype=out_dtype)
-        recv2_buf = send2_buf.new_empty(sum(recv2_sizes), dtype=out_dtype)
-        dist.all_to_all_single(recv2_buf, send2_buf.to(out_dtype), recv2_sizes, send2_sizes, group=self.group)
+        return send2, send2_sizes
+
+    def _place(
+        self, flat: list[Tensor], recv2_buf: Tensor, recv2_sizes: list[int], out_dtype: torch.dtype
+    ) -> list[Tensor]:
+        """My rows of every parameter's result, copied from what each owner sent, in matrix order."""
         out = [t.new_empty(t.shape, dtype=out_dtype) for t in flat]
         pieces = list(recv2_buf.split(recv2_sizes))
         cursor = [0] * self.world
@@ -192,9 +237,7 @@ class Plan:
                     cursor[m.owner] : cursor[m.owner] + n
                 ].view(hi - lo, -1)
                 cursor[m.owner] += n
-        buffers = [send_buf, recv_buf, *results, send2_buf, recv2_buf, *out]
-        transient = sum(b.numel() * b.element_size() for b in buffers)
-        return [o.view(t.shape) for o, t in zip(out, local, strict=True)], transient
+        return out
 
 
 def _coordinates(mesh: DeviceMesh) -> list[tuple[tuple[int, ...], int]]:

@@ -156,73 +156,27 @@ def _arm(raw: Any, index: int, where: str) -> tuple[str, dict[str, Any]]:
 def load(path: str | Path) -> Protocol:
     """Read and validate a protocol; every problem is a ConfigError naming the file and the field."""
     path = Path(path)
-    if not path.is_file():
-        known = sorted(p.stem for p in (ROOT / "conf/study").glob("*.yaml"))
-        raise ConfigError(f"no study protocol {path}; protocols in conf/study/: {', '.join(known)}")
+    tree = _read(path)
     where = str(path)
-    tree = yaml.safe_load(path.read_text()) or {}
-    unknown = sorted(set(tree) - FIELDS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown fields {unknown}; allowed: {', '.join(sorted(FIELDS))}")
-    for key in ("sizes", "arms", "seeds", "budget", "data"):
-        if not tree.get(key):
-            raise ConfigError(f"{where}: `{key}` is required")
-    seeds = tree["seeds"]
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(
-        seeds
-    ):
-        raise ConfigError(f"{where}: seeds must be distinct integers, got {seeds}")
-    try:  # YAML reads 4.0e9 (no sign in the exponent) as a string
-        budget = Budget(**{k: float(v) for k, v in dict(tree["budget"]).items()})
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: budget: {e}; give {{flops: ...}} or {{tokens: ...}}") from e
-    if budget.flops is None and budget.tokens is None:
-        raise ConfigError(f"{where}: budget needs flops (equal compute) or tokens")
-    fit = dict(tree.get("fit") or {})
-    for key in fit:
-        if any(key == r or key.startswith(r + ".") for r in RESERVED):
-            raise ConfigError(
-                f"{where}: fit.{key} is set by the study runner (the arm, seed, budget or data)"
-            )
-    every = int(tree.get("checkpoint_every", 50))
-    if every < 1:
-        raise ConfigError(f"{where}: checkpoint_every={every}: must be >= 1 (optimizer steps)")
-    data_fragment = _resolve(tree["data"], ROOT)
-    if not data_fragment.is_file():
-        raise ConfigError(f"{where}: data fragment {data_fragment} does not exist")
-    data_dir = _data_dir(data_fragment)
-    data_hash = manifest_hash(data_dir)
+    seeds = _seeds(tree, where)
+    budget = _budget(tree, where)
+    fit = _fit(tree, where)
+    every = _checkpoint_every(tree, where)
+    data_fragment, data_dir, data_hash = _data(tree, where)
+    shared = dict(budget=budget, data_fragment=data_fragment, data_dir=data_dir, data_hash=data_hash, fit=fit)
     arms = [_arm(raw, i, where) for i, raw in enumerate(tree["arms"])]
-    runs, labels_by_size = [], {}
+    runs: list[RunSpec] = []
+    labels_by_size: dict[Any, list[str]] = {}
     for size in tree["sizes"]:
         model, _ = load_model_config([fragment("model", str(size))])
-        labels: list[str] = []
-        resolved = []
-        for kind, knobs in arms:
-            attention = resolve_attention(model, AttentionConfig(kind=kind, **knobs))
-            if attention.label() in labels:
-                raise ConfigError(f"{where}: two arms with the label {attention.label()!r} at size {size}")
-            labels.append(attention.label())
-            resolved.append((attention, knobs))
-        labels_by_size[size] = labels
+        resolved = _resolve_arms(model, arms, size, where)
+        labels_by_size[size] = [attention.label() for attention, _ in resolved]
         # Seed-major order: a study stopped half-way already holds complete seed pairs across arms.
-        for seed in seeds:
-            for attention, knobs in resolved:
-                runs.append(
-                    RunSpec(
-                        path.stem,
-                        str(size),
-                        model,
-                        attention,
-                        knobs,
-                        seed,
-                        budget,
-                        data_fragment,
-                        data_dir,
-                        data_hash,
-                        fit,
-                    )  # fmt: skip
-                )
+        runs += [
+            RunSpec(path.stem, str(size), model, attention, knobs, seed, **shared)
+            for seed in seeds
+            for attention, knobs in resolved
+        ]
     first = str(tree["sizes"][0])
     return Protocol(
         name=path.stem,
@@ -235,3 +189,79 @@ def load(path: str | Path) -> Protocol:
         seeds=tuple(seeds),
         checkpoint_every=every,
     )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The protocol's YAML, with only known fields and every required one."""
+    if not path.is_file():
+        known = sorted(p.stem for p in (ROOT / "conf/study").glob("*.yaml"))
+        raise ConfigError(f"no study protocol {path}; protocols in conf/study/: {', '.join(known)}")
+    where = str(path)
+    tree = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(tree) - FIELDS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {unknown}; allowed: {', '.join(sorted(FIELDS))}")
+    for key in ("sizes", "arms", "seeds", "budget", "data"):
+        if not tree.get(key):
+            raise ConfigError(f"{where}: `{key}` is required")
+    return tree
+
+
+def _seeds(tree: dict[str, Any], where: str) -> list[int]:
+    seeds = tree["seeds"]
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(
+        seeds
+    ):
+        raise ConfigError(f"{where}: seeds must be distinct integers, got {seeds}")
+    return seeds
+
+
+def _budget(tree: dict[str, Any], where: str) -> Budget:
+    try:  # YAML reads 4.0e9 (no sign in the exponent) as a string
+        budget = Budget(**{k: float(v) for k, v in dict(tree["budget"]).items()})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: budget: {e}; give {{flops: ...}} or {{tokens: ...}}") from e
+    if budget.flops is None and budget.tokens is None:
+        raise ConfigError(f"{where}: budget needs flops (equal compute) or tokens")
+    return budget
+
+
+def _fit(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    fit = dict(tree.get("fit") or {})
+    for key in fit:
+        if any(key == r or key.startswith(r + ".") for r in RESERVED):
+            raise ConfigError(
+                f"{where}: fit.{key} is set by the study runner (the arm, seed, budget or data)"
+            )
+    return fit
+
+
+def _checkpoint_every(tree: dict[str, Any], where: str) -> int:
+    every = int(tree.get("checkpoint_every", 50))
+    if every < 1:
+        raise ConfigError(f"{where}: checkpoint_every={every}: must be >= 1 (optimizer steps)")
+    return every
+
+
+def _data(tree: dict[str, Any], where: str) -> tuple[Path, Path, str]:
+    """The data fragment, the shards' folder it names and their manifest hash."""
+    data_fragment = _resolve(tree["data"], ROOT)
+    if not data_fragment.is_file():
+        raise ConfigError(f"{where}: data fragment {data_fragment} does not exist")
+    data_dir = _data_dir(data_fragment)
+    return data_fragment, data_dir, manifest_hash(data_dir)
+
+
+def _resolve_arms(
+    model: ModelConfig, arms: list[tuple[str, dict[str, Any]]], size: Any, where: str
+) -> list[tuple[AttentionConfig, dict[str, Any]]]:
+    """Every arm resolved against the size, with the knobs the protocol names; labels must differ."""
+    labels: list[str] = []
+    resolved = []
+    for kind, knobs in arms:
+        attention = resolve_attention(model, AttentionConfig(kind=kind, **knobs))
+        if attention.label() in labels:
+            raise ConfigError(f"{where}: two arms with the label {attention.label()!r} at size {size}")
+        labels.append(attention.label())
+        resolved.append((attention, knobs))
+    return resolved

@@ -13,6 +13,7 @@ with lightning_modules/analysis doing the statistics:
 - runs.csv            one row per run (tidy): identity, costs, tokens, FLOPs, test CE, bpb, commit, times
 - evaluations.csv     every evaluation of every run (the tidy table of analysis/runs.py)
 - loss_vs_tokens.png, loss_vs_flops.png, cache_frontier.png
+- README.md           all of the above on one page (lightning_modules/study/readme.py)
 Only done runs of the protocol's current identities count (same budget, same data manifest); runs of an
 edited protocol or other data stay in the store but out of the report.
 """
@@ -33,12 +34,11 @@ import pandas as pd  # noqa: E402
 from lightning_modules.analysis import curves, frontier, stats, tables, targets  # noqa: E402
 from lightning_modules.analysis.errors import NoRunsError  # noqa: E402
 from lightning_modules.analysis.runs import final_losses, load_runs  # noqa: E402
+from lightning_modules.costs.counts import BASELINE  # noqa: E402
 from lightning_modules.study import summary  # noqa: E402
-from lightning_modules.study.formatting import md_table, plain, signed  # noqa: E402
 from lightning_modules.study.protocol import ROOT, TAG, Protocol  # noqa: E402
+from lightning_modules.study.readme import readme  # noqa: E402
 from lightning_modules.study.store import Store, is_done  # noqa: E402
-
-BASELINE_KIND = "mha"  # differences and savings are against the full-cache baseline, as in the paper
 
 
 def load(protocol: Protocol, uri: str) -> pd.DataFrame:
@@ -73,7 +73,7 @@ def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table.merge(extra.reset_index(), on=["size", "label"])
 
 
-def paired_differences(runs: pd.DataFrame, baseline_kind: str = BASELINE_KIND) -> pd.DataFrame:
+def paired_differences(runs: pd.DataFrame, baseline_kind: str = BASELINE) -> pd.DataFrame:
     """Per size and arm: (arm - baseline) of test CE and bpb over the seeds both ran, mean and t-interval."""
     finals = final_losses(runs)
     rows = []
@@ -136,21 +136,25 @@ def per_run_table(runs: pd.DataFrame, store: Store | None) -> pd.DataFrame:
         .rename(columns={"loss": "test_loss", "bpb": "test_bpb"})
         .merge(steps.reset_index(), on="run_id", how="left")
     )
-    if store is not None:
-        infos = {r.info.run_id: r for r in _runs(store, list(table["run_id"]))}
-        table["start_utc"] = [_utc(infos[i].info.start_time) for i in table["run_id"]]
-        table["end_utc"] = [_utc(infos[i].info.end_time) for i in table["run_id"]]
-        table["duration_s"] = [
-            (infos[i].info.end_time - infos[i].info.start_time) / 1000 if infos[i].info.end_time else math.nan
-            for i in table["run_id"]
-        ]
-        table["machine"] = [infos[i].data.tags.get(TAG + "machine", "") for i in table["run_id"]]
-        table["device"] = [infos[i].data.tags.get(TAG + "device", "") for i in table["run_id"]]
-        table["hardware"] = [infos[i].data.tags.get("hardware", "") for i in table["run_id"]]
-        table["command"] = [infos[i].data.tags.get(TAG + "command", "") for i in table["run_id"]]
-        table["resumed_from_step"] = [
-            infos[i].data.tags.get(TAG + "resumed_from_step", "") for i in table["run_id"]
-        ]
+    return table if store is None else _with_store(table, store)
+
+
+def _with_store(table: pd.DataFrame, store: Store) -> pd.DataFrame:
+    """The per-run table with what only the store knows: start, end and duration, machine, command."""
+    infos = {r.info.run_id: r for r in _runs(store, list(table["run_id"]))}
+    table["start_utc"] = [_utc(infos[i].info.start_time) for i in table["run_id"]]
+    table["end_utc"] = [_utc(infos[i].info.end_time) for i in table["run_id"]]
+    table["duration_s"] = [
+        (infos[i].info.end_time - infos[i].info.start_time) / 1000 if infos[i].info.end_time else math.nan
+        for i in table["run_id"]
+    ]
+    table["machine"] = [infos[i].data.tags.get(TAG + "machine", "") for i in table["run_id"]]
+    table["device"] = [infos[i].data.tags.get(TAG + "device", "") for i in table["run_id"]]
+    table["hardware"] = [infos[i].data.tags.get("hardware", "") for i in table["run_id"]]
+    table["command"] = [infos[i].data.tags.get(TAG + "command", "") for i in table["run_id"]]
+    table["resumed_from_step"] = [
+        infos[i].data.tags.get(TAG + "resumed_from_step", "") for i in table["run_id"]
+    ]
     return table
 
 
@@ -180,21 +184,12 @@ def write(protocol: Protocol, uri: str, out: Path | None = None, front_page: Pat
     to_target = {x: targets.tokens_to_target(runs, x) for x in ("tokens", "flops")}
     cache = frontier.cache_frontier(runs)
     per_run = per_run_table(runs, store)
-    arms.to_csv(out / "arms.csv", index=False)
-    diffs.to_csv(out / "vs_mha.csv", index=False)
-    matched.to_csv(out / "cache_matched.csv", index=False)
-    to_target["tokens"].to_csv(out / "tokens_to_target.csv", index=False)
-    to_target["flops"].to_csv(out / "flops_to_target.csv", index=False)
-    cache.to_csv(out / "cache_frontier.csv", index=False)
-    per_run.to_csv(out / "runs.csv", index=False)
-    runs.to_csv(out / "evaluations.csv", index=False)
-    for x in ("tokens", "flops"):
-        fig = curves.plot_loss_curves(runs, x=x)
-        fig.savefig(out / f"loss_vs_{x}.png", dpi=150, bbox_inches="tight")
-        plt.close(fig)
-    fig = frontier.plot_cache_frontier(cache, title=f"study {protocol.name}: final test loss vs KV cache")
-    fig.savefig(out / "cache_frontier.png", dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    files = {"arms.csv": arms, "vs_mha.csv": diffs, "cache_matched.csv": matched,
+             "tokens_to_target.csv": to_target["tokens"], "flops_to_target.csv": to_target["flops"],
+             "cache_frontier.csv": cache, "runs.csv": per_run, "evaluations.csv": runs}  # fmt: skip
+    for name, table in files.items():
+        table.to_csv(out / name, index=False)
+    _write_figures(protocol, runs, cache, out)
     planned = len(protocol.runs)
     done = sum(is_done(r) for rs in store.protocol_runs(protocol.name).values() for r in rs)
     (out / "README.md").write_text(
@@ -213,192 +208,12 @@ def write(protocol: Protocol, uri: str, out: Path | None = None, front_page: Pat
     return out
 
 
-def _saved(row: pd.Series) -> str:
-    if row["n_reached"] < row["n"]:
-        return f"not reached in {row['n'] - row['n_reached']}/{row['n']} pairs"
-    if math.isnan(row["saved_ci_low"]):
-        return f"{100 * row['saved_mean']:.1f} % (1 pair)"
-    return (
-        f"{100 * row['saved_mean']:.1f} % [{100 * row['saved_ci_low']:.1f}, {100 * row['saved_ci_high']:.1f}]"
-    )
-
-
-def readme(
-    protocol: Protocol,
-    uri: str,
-    arms: pd.DataFrame,
-    diffs: pd.DataFrame,
-    matched: pd.DataFrame,
-    to_target: dict[str, pd.DataFrame],
-    cache: pd.DataFrame,
-    per_run: pd.DataFrame,
-    planned: int,
-    done: int,
-) -> str:
-    first = protocol.runs[0]
-    starts = [s for s in per_run.get("start_utc", []) if s]
-    ends = [e for e in per_run.get("end_utc", []) if e]
-    span = "unknown"
-    if starts and ends:
-        t0 = dt.datetime.strptime(min(starts), "%Y-%m-%d %H:%M:%S")
-        t1 = dt.datetime.strptime(max(ends), "%Y-%m-%d %H:%M:%S")
-        span = f"{(t1 - t0).total_seconds() / 60:.1f} min from {min(starts)} to {max(ends)} UTC"
-    busy = per_run["duration_s"].sum() / 60 if "duration_s" in per_run else math.nan
-    capability = sorted({h for h in per_run.get("hardware", []) if isinstance(h, str) and h})
-    lines = [
-        f"# Study `{protocol.name}`",
-        "",
-        protocol.description,
-        "",
-        f"Regenerate this folder from the store: `python -m lightning_modules.study "
-        f"{_rel(protocol.path)} --report` (store `{uri}`, experiment `{protocol.experiment}`).",
-        "",
-        f"- Runs: {len(per_run)} reported, {done} of {planned} planned done "
-        f"({len(protocol.sizes)} size(s) x {len(protocol.labels)} arms x {len(protocol.seeds)} seeds: "
-        f"{', '.join(map(str, protocol.seeds))}).",
-        f"- Budget: {first.budget.describe()} per run (equal training compute across arms); data "
-        f"`{_rel(first.data_fragment)}`, manifest sha256 {first.data_hash}.",
-        f"- Machine: {'; '.join(sorted({m for m in per_run.get('machine', []) if m})) or 'unknown'}"
-        + (
-            f"; device {', '.join(sorted({d for d in per_run.get('device', []) if d}))}"
-            if "device" in per_run
-            else ""
-        )
-        + (f"; {', '.join(capability)}" if capability else ""),
-        f"- Date and wall time: {span}; {busy:.1f} min of run time summed over runs.",
-        f"- Commit(s): {', '.join(sorted({str(c) for c in per_run['git_commit']}))}.",
-        f"- Command: `{'; '.join(sorted({c for c in per_run.get('command', []) if c})) or 'unknown'}`.",
-        f"- Report written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
-        "",
-        "## Final test loss per arm (mean [95 % t-interval] over seeds)",
-        "",
-    ]
-    view = pd.DataFrame(
-        {
-            "size": arms["size"],
-            "arm": arms["label"],
-            "params": arms["params"].map(lambda v: f"{v:,.0f}"),
-            "KV cache B/token": arms["kv_cache_bytes_per_token"].map(lambda v: f"{v:,.0f}"),
-            "vs MHA": arms["kv_cache_vs_mha"].map(lambda v: f"{100 * v:.1f} %"),
-            "tokens": arms["tokens"].map(lambda v: f"{v:,.0f}"),
-            "seeds": arms["n"],
-            "test CE (nats/token)": [
-                plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in arms.itertuples()
-            ],
-            "bits per byte": [plain(r.bpb_mean, r.bpb_ci_low, r.bpb_ci_high) for r in arms.itertuples()],
-        }
-    )
-    lines += [md_table(view), ""]
-    if not diffs.empty:
-        lines += [
-            f"## Difference to {diffs['baseline'].iloc[0]}, paired by seed (arm - baseline; negative: better)",
-            "",
-        ]
-        view = pd.DataFrame(
-            {
-                "size": diffs["size"],
-                "arm": diffs["label"],
-                "pairs": diffs["n_pairs"],
-                "test CE diff": [
-                    signed(r.loss_diff_mean, r.loss_diff_ci_low, r.loss_diff_ci_high)
-                    for r in diffs.itertuples()
-                ],
-                "sd of diff": diffs["loss_diff_sd"].map(lambda v: "" if math.isnan(v) else f"{v:.4f}"),
-                "bpb diff": [
-                    signed(r.bpb_diff_mean, r.bpb_diff_ci_low, r.bpb_diff_ci_high) for r in diffs.itertuples()
-                ],
-                "resolved (CI excludes 0)": diffs["resolved"].map({True: "yes", False: "no"}),
-            }
-        )
-        lines += [md_table(view), "", resolution(diffs), ""]
-    if not matched.empty:
-        lines += [
-            "## At equal KV-cache bytes per token: arm - lrkv, paired by seed (negative: the arm is better)",
-            "",
-            md_table(summary.matched_view(matched)),
-            "",
-        ]
-    for x, title in (("tokens", "Tokens to target"), ("flops", "FLOPs to target")):
-        saved = to_target[x]
-        if saved.empty:
-            continue
-        mine = saved[(saved["baseline_attention"] == BASELINE_KIND) | (saved["attention"] == "lrkv")]
-        lines += [
-            f"## {title}: budget saved in reaching the baseline's final validation loss (paired by seed)",
-            "",
-            md_table(
-                pd.DataFrame(
-                    {
-                        "size": mine["size"],
-                        "reaches": mine["label"],
-                        "baseline": mine["baseline"],
-                        "pairs": mine["n"],
-                        "saved": [_saved(r) for _, r in mine.iterrows()],
-                    }
-                )
-            ),  # fmt: skip
-            "",
-            f"Every pair: `{x}_to_target.csv`.",
-            "",
-        ]
-    lines += ["## Cache frontier (final test CE against KV-cache bytes per token)", ""]
-    view = pd.DataFrame(
-        {
-            "size": cache["size"],
-            "arm": cache["label"],
-            "KV cache B/token": cache["kv_cache_bytes_per_token"].map(lambda v: f"{v:,.0f}"),
-            "vs MHA": cache["kv_cache_vs_mha"].map(lambda v: f"{100 * v:.1f} %"),
-            "test CE": [plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in cache.itertuples()],
-            "Pareto-optimal": cache["pareto"].map({True: "yes", False: ""}),
-        }
-    )
-    lines += [md_table(view), ""]
-    lines += [
-        "## Figures",
-        "",
-        "![loss vs tokens](loss_vs_tokens.png)",
-        "",
-        "![loss vs FLOPs](loss_vs_flops.png)",
-        "",
-        "![cache frontier](cache_frontier.png)",
-        "",
-        "Files: "
-        + ", ".join(
-            f"`{n}`"
-            for n in (
-                "arms.csv",
-                "vs_mha.csv",
-                "cache_matched.csv",
-                "tokens_to_target.csv",
-                "flops_to_target.csv",
-                "cache_frontier.csv",
-                "runs.csv",
-                "evaluations.csv",
-            )
-        )
-        + ".",  # fmt: skip
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def resolution(diffs: pd.DataFrame) -> str:
-    """What gap these seeds can tell from noise: the half-width of the paired interval, t x sd / sqrt(n)."""
-    half = (diffs["loss_diff_ci_high"] - diffs["loss_diff_ci_low"]) / 2
-    if half.dropna().empty:
-        return "One seed pair per arm: no interval, so no gap is resolved."
-    sd = diffs["loss_diff_sd"].dropna()
-    n = int(diffs["n_pairs"].min())
-    return (
-        f"Seed noise: the standard deviation of a paired difference over seeds is {sd.min():.4f}-{sd.max():.4f} "
-        f"nats, so with {n} pairs a gap is resolved when it exceeds the 95 % half-width "
-        f"{half.min():.4f}-{half.max():.4f} nats (t x sd / sqrt(n)); "
-        f"{int(diffs['resolved'].sum())} of {len(diffs)} differences are."
-    )
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
+def _write_figures(protocol: Protocol, runs: pd.DataFrame, cache: pd.DataFrame, out: Path) -> None:
+    """loss_vs_tokens.png, loss_vs_flops.png and cache_frontier.png."""
+    for x in ("tokens", "flops"):
+        fig = curves.plot_loss_curves(runs, x=x)
+        fig.savefig(out / f"loss_vs_{x}.png", dpi=150, bbox_inches="tight")
+        plt.close(fig)
+    fig = frontier.plot_cache_frontier(cache, title=f"study {protocol.name}: final test loss vs KV cache")
+    fig.savefig(out / "cache_frontier.png", dpi=150, bbox_inches="tight")
+    plt.close(fig)

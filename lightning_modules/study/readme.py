@@ -1,0 +1,244 @@
+"""results/<protocol>/README.md: the report's page of a study, one section per table it writes.
+
+report.write (lightning_modules/study/report.py) computes the tables and hands them here: the provenance
+header (runs, budget, machine, dates, commits, command), the final loss per arm, the paired differences to
+the baseline with the seed noise they resolve, the cache-matched differences, the budget saved to each target,
+the cache frontier and the figures. The front page's block is another text (lightning_modules/study/summary.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from lightning_modules.costs.counts import BASELINE
+from lightning_modules.study import summary
+from lightning_modules.study.formatting import md_table, percent, plain, signed
+from lightning_modules.study.protocol import ROOT, Protocol
+
+FILES = ("arms.csv", "vs_mha.csv", "cache_matched.csv", "tokens_to_target.csv", "flops_to_target.csv",
+         "cache_frontier.csv", "runs.csv", "evaluations.csv")  # fmt: skip
+TIME = "%Y-%m-%d %H:%M:%S"  # how per_run's start_utc and end_utc are written (report.py _utc)
+
+
+def readme(
+    protocol: Protocol,
+    uri: str,
+    arms: pd.DataFrame,
+    diffs: pd.DataFrame,
+    matched: pd.DataFrame,
+    to_target: dict[str, pd.DataFrame],
+    cache: pd.DataFrame,
+    per_run: pd.DataFrame,
+    planned: int,
+    done: int,
+) -> str:
+    """The page: the tables of report.write (lightning_modules/study/report.py), section by section."""
+    lines = _header(protocol, uri, per_run, planned, done)
+    lines += _arms_section(arms)
+    lines += _differences_section(diffs)
+    lines += _matched_section(matched)
+    lines += _to_target_sections(to_target)
+    lines += _frontier_section(cache)
+    lines += _figures_section()
+    return "\n".join(lines)
+
+
+# ----- provenance -------------------------------------------------------------------------------------
+def _header(protocol: Protocol, uri: str, per_run: pd.DataFrame, planned: int, done: int) -> list[str]:
+    first = protocol.runs[0]
+    busy = per_run["duration_s"].sum() / 60 if "duration_s" in per_run else math.nan
+    commits = ", ".join(sorted({str(c) for c in per_run["git_commit"]}))
+    command = "; ".join(sorted({c for c in per_run.get("command", []) if c})) or "unknown"
+    return [
+        f"# Study `{protocol.name}`",
+        "",
+        protocol.description,
+        "",
+        f"Regenerate this folder from the store: `python -m lightning_modules.study "
+        f"{_rel(protocol.path)} --report` (store `{uri}`, experiment `{protocol.experiment}`).",
+        "",
+        f"- Runs: {len(per_run)} reported, {done} of {planned} planned done "
+        f"({len(protocol.sizes)} size(s) x {len(protocol.labels)} arms x {len(protocol.seeds)} seeds: "
+        f"{', '.join(map(str, protocol.seeds))}).",
+        f"- Budget: {first.budget.describe()} per run (equal training compute across arms); data "
+        f"`{_rel(first.data_fragment)}`, manifest sha256 {first.data_hash}.",
+        f"- Machine: {_machine(per_run)}",
+        f"- Date and wall time: {_span(per_run)}; {busy:.1f} min of run time summed over runs.",
+        f"- Commit(s): {commits}.",
+        f"- Command: `{command}`.",
+        f"- Report written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
+        "",
+    ]
+
+
+def _span(per_run: pd.DataFrame) -> str:
+    """Wall time from the first run's start to the last one's end ("unknown" without the store's times)."""
+    starts = [s for s in per_run.get("start_utc", []) if s]
+    ends = [e for e in per_run.get("end_utc", []) if e]
+    if not (starts and ends):
+        return "unknown"
+    t0 = dt.datetime.strptime(min(starts), TIME)
+    t1 = dt.datetime.strptime(max(ends), TIME)
+    return f"{(t1 - t0).total_seconds() / 60:.1f} min from {min(starts)} to {max(ends)} UTC"
+
+
+def _machine(per_run: pd.DataFrame) -> str:
+    """The machines, then (when recorded) the devices and the hardware capabilities the runs report."""
+    text = "; ".join(sorted({m for m in per_run.get("machine", []) if m})) or "unknown"
+    if "device" in per_run:
+        text += f"; device {', '.join(sorted({d for d in per_run.get('device', []) if d}))}"
+    capability = sorted({h for h in per_run.get("hardware", []) if isinstance(h, str) and h})
+    if capability:
+        text += f"; {', '.join(capability)}"
+    return text
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+# ----- tables -----------------------------------------------------------------------------------------
+def _whole(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _arms_section(arms: pd.DataFrame) -> list[str]:
+    view = pd.DataFrame(
+        {
+            "size": arms["size"],
+            "arm": arms["label"],
+            "params": arms["params"].map(_whole),
+            "KV cache B/token": arms["kv_cache_bytes_per_token"].map(_whole),
+            "vs MHA": arms["kv_cache_vs_mha"].map(percent),
+            "tokens": arms["tokens"].map(_whole),
+            "seeds": arms["n"],
+            "test CE (nats/token)": [
+                plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in arms.itertuples()
+            ],
+            "bits per byte": [plain(r.bpb_mean, r.bpb_ci_low, r.bpb_ci_high) for r in arms.itertuples()],
+        }
+    )
+    return ["## Final test loss per arm (mean [95 % t-interval] over seeds)", "", md_table(view), ""]
+
+
+def _differences_section(diffs: pd.DataFrame) -> list[str]:
+    if diffs.empty:
+        return []
+    view = pd.DataFrame(
+        {
+            "size": diffs["size"],
+            "arm": diffs["label"],
+            "pairs": diffs["n_pairs"],
+            "test CE diff": [
+                signed(r.loss_diff_mean, r.loss_diff_ci_low, r.loss_diff_ci_high) for r in diffs.itertuples()
+            ],
+            "sd of diff": diffs["loss_diff_sd"].map(lambda v: "" if math.isnan(v) else f"{v:.4f}"),
+            "bpb diff": [
+                signed(r.bpb_diff_mean, r.bpb_diff_ci_low, r.bpb_diff_ci_high) for r in diffs.itertuples()
+            ],
+            "resolved (CI excludes 0)": diffs["resolved"].map({True: "yes", False: "no"}),
+        }
+    )
+    title = f"## Difference to {diffs['baseline'].iloc[0]}, paired by seed (arm - baseline; negative: better)"
+    return [title, "", md_table(view), "", resolution(diffs), ""]
+
+
+def resolution(diffs: pd.DataFrame) -> str:
+    """What gap these seeds can tell from noise: the half-width of the paired interval, t x sd / sqrt(n)."""
+    half = (diffs["loss_diff_ci_high"] - diffs["loss_diff_ci_low"]) / 2
+    if half.dropna().empty:
+        return "One seed pair per arm: no interval, so no gap is resolved."
+    sd = diffs["loss_diff_sd"].dropna()
+    n = int(diffs["n_pairs"].min())
+    return (
+        f"Seed noise: the standard deviation of a paired difference over seeds is {sd.min():.4f}-{sd.max():.4f} "
+        f"nats, so with {n} pairs a gap is resolved when it exceeds the 95 % half-width "
+        f"{half.min():.4f}-{half.max():.4f} nats (t x sd / sqrt(n)); "
+        f"{int(diffs['resolved'].sum())} of {len(diffs)} differences are."
+    )
+
+
+def _matched_section(matched: pd.DataFrame) -> list[str]:
+    if matched.empty:
+        return []
+    return [
+        "## At equal KV-cache bytes per token: arm - lrkv, paired by seed (negative: the arm is better)",
+        "",
+        md_table(summary.matched_view(matched)),
+        "",
+    ]
+
+
+def _to_target_sections(to_target: dict[str, pd.DataFrame]) -> list[str]:
+    """Per budget axis: what reaching the baseline's final validation loss saved, for the rows against the
+    baseline and the rows where lrkv does the reaching."""
+    lines: list[str] = []
+    for x, title in (("tokens", "Tokens to target"), ("flops", "FLOPs to target")):
+        saved = to_target[x]
+        if saved.empty:
+            continue
+        mine = saved[(saved["baseline_attention"] == BASELINE) | (saved["attention"] == "lrkv")]
+        view = pd.DataFrame(
+            {
+                "size": mine["size"],
+                "reaches": mine["label"],
+                "baseline": mine["baseline"],
+                "pairs": mine["n"],
+                "saved": [_saved(r) for _, r in mine.iterrows()],
+            }
+        )
+        lines += [
+            f"## {title}: budget saved in reaching the baseline's final validation loss (paired by seed)",
+            "",
+            md_table(view),
+            "",
+            f"Every pair: `{x}_to_target.csv`.",
+            "",
+        ]
+    return lines
+
+
+def _saved(row: pd.Series) -> str:
+    if row["n_reached"] < row["n"]:
+        return f"not reached in {row['n'] - row['n_reached']}/{row['n']} pairs"
+    if math.isnan(row["saved_ci_low"]):
+        return f"{100 * row['saved_mean']:.1f} % (1 pair)"
+    return (
+        f"{100 * row['saved_mean']:.1f} % [{100 * row['saved_ci_low']:.1f}, {100 * row['saved_ci_high']:.1f}]"
+    )
+
+
+def _frontier_section(cache: pd.DataFrame) -> list[str]:
+    view = pd.DataFrame(
+        {
+            "size": cache["size"],
+            "arm": cache["label"],
+            "KV cache B/token": cache["kv_cache_bytes_per_token"].map(_whole),
+            "vs MHA": cache["kv_cache_vs_mha"].map(percent),
+            "test CE": [plain(r.loss_mean, r.loss_ci_low, r.loss_ci_high) for r in cache.itertuples()],
+            "Pareto-optimal": cache["pareto"].map({True: "yes", False: ""}),
+        }
+    )
+    return ["## Cache frontier (final test CE against KV-cache bytes per token)", "", md_table(view), ""]
+
+
+def _figures_section() -> list[str]:
+    return [
+        "## Figures",
+        "",
+        "![loss vs tokens](loss_vs_tokens.png)",
+        "",
+        "![loss vs FLOPs](loss_vs_flops.png)",
+        "",
+        "![cache frontier](cache_frontier.png)",
+        "",
+        "Files: " + ", ".join(f"`{n}`" for n in FILES) + ".",
+        "",
+    ]
