@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.build import prepare
 from data.datamodule import ShardDataModule
-from data.prepare import PrepareConfig, prepare
+from data.prepare_config import PrepareConfig
 
 
 def time_prepare(out: Path, tokenizer: str | None) -> tuple[float, int]:

@@ -12,6 +12,7 @@ __all__ = ["DataError", "ManifestError", "PrepareError", "ShardDataModule", "Sha
 
 def __getattr__(name: str) -> Any:
     if name == "ShardDataModule":
+        # late: Lightning is heavy, and `python -m data.prepare` has no use for it
         from data.datamodule import ShardDataModule
 
         return ShardDataModule

@@ -2,10 +2,11 @@
 
 Batches are LongTensor (batch_size, seq_len + 1): input = batch[:, :-1], target = batch[:, 1:].
 The sample layout, the split of the work and the resume rule are described in data/manifest.py and
-data/plan.py. In short: every rank gets the same number of train batches per epoch, shuffled from
-(seed, epoch); validation and test read each sample exactly once across ranks and workers, with the same
-number of batches on every rank; state_dict() holds (epoch, batches delivered in it), which Lightning
-stores in checkpoints, and a fresh DataModule that loads it continues with exactly the next batches.
+data/plan.py; the saved position and its checks are data/train_position.py. In short: every rank gets the
+same number of train batches per epoch, shuffled from (seed, epoch); validation and test read each sample
+exactly once across ranks and workers, with the same number of batches on every rank; state_dict() holds
+(epoch, batches delivered in it), which Lightning stores in checkpoints, and a fresh DataModule that loads
+it continues with exactly the next batches.
 
 Elastic resume. The train plan is made for `data_slices` slices of the data (default: the world size), each
 giving `global_batch_size / data_slices` samples to every global batch; a rank reads data_slices / world of
@@ -32,7 +33,8 @@ from data.errors import DataError, ManifestError, ShardError
 from data.manifest import SPLITS, Manifest
 from data.plan import train_batches_per_rank
 from data.streaming import EvalStream, ShardSet, TrainStream
-from data.verify import verify as verify_shards
+from data.train_position import StreamSettings, TrainPosition
+from data.verification import verify as verify_shards
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +101,13 @@ class ShardDataModule(L.LightningDataModule):
             )
         self._batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self.global_batch_size, self.data_slices = global_batch_size, data_slices
-        self._slices_from_checkpoint: int | None = None
         self.shuffle_buffer = shuffle_buffer
         self.val_batch_size = val_batch_size or batch_size
         self.verify_mode, self.skip_bad_shards = verify, skip_bad_shards
         self._shards: dict[str, ShardSet] = {}
         self._rank_override: tuple[int, int] | None = None
         # Train position: epoch and batches of it delivered to the training loop on this rank.
-        self._epoch, self._consumed, self._started = 0, 0, False
-        self._restored: dict[str, Any] | None = None
+        self._position = TrainPosition()
 
     # ---- what the model and the CLI read -------------------------------------------------------------
     @property
@@ -152,7 +152,7 @@ class ShardDataModule(L.LightningDataModule):
     @property
     def slices(self) -> int:
         """Slices of the train plan (module docstring: elastic resume)."""
-        return self.data_slices or self._slices_from_checkpoint or self.world_size
+        return self.data_slices or self._position.slices_from_checkpoint or self.world_size
 
     @property
     def slice_batch_size(self) -> int:
@@ -211,35 +211,16 @@ class ShardDataModule(L.LightningDataModule):
         # Lightning calls this once per batch it hands to training_step, after its own prefetching, so
         # the count (saved in checkpoints) is of batches trained on, not of batches fetched from workers.
         if self.trainer is not None and self.trainer.training:
-            self._consumed += 1
+            self._position.consumed += 1
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        if self._restored is not None:  # loaded but not yet iterated: hand the same position on
-            return dict(self._restored)
-        return {
-            "epoch": self._epoch,
-            "batches_consumed": self._consumed,
-            # the same position in world-independent units: samples of this epoch trained on by all ranks
-            "global_samples": self._consumed * self.slices * self.slice_batch_size,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "slices": self.slices,
-            "slice_batch_size": self.slice_batch_size,
-            "streams": self._streams,
-            "train_data": self._train_fingerprint(),
-        }
+        if self._position.restored is not None:  # loaded but not yet iterated: hand the same position on
+            return dict(self._position.restored)
+        return self._position.state(self._settings(), self._train_fingerprint())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = {"epoch", "batches_consumed", "seed", "batch_size", "world_size", "streams"} - set(
-            state_dict
-        )
-        if missing:
-            raise DataError(f"the checkpoint's data state lacks {sorted(missing)}")
-        self._restored = dict(state_dict)
-        # checkpoints from before elastic resume: one slice per rank
-        self._slices_from_checkpoint = int(state_dict.get("slices", state_dict["world_size"]))
+        self._position.load(state_dict)
 
     # ---- shards --------------------------------------------------------------------------------------
     def shard_set(self, split: str) -> ShardSet:
@@ -297,52 +278,23 @@ class ShardDataModule(L.LightningDataModule):
         batches = self.batches_per_epoch
         if self.trainer is not None:  # an epoch ends early under Trainer(limit_train_batches=...)
             batches = min(batches, self.trainer.num_training_batches)
-        if self._restored is not None:
-            state, self._restored = self._restored, None
-            self._check_resumable(state)
-            epoch = int(state["epoch"])
-            if "global_samples" in state:  # the position in samples; a global batch is the same at any world
-                consumed = int(state["global_samples"]) // (self.slices * self.slice_batch_size)
-            else:
-                consumed = int(state["batches_consumed"])
-            if consumed >= batches:  # checkpoint taken at the end of an epoch
-                epoch, consumed = epoch + 1, 0
-        elif self._started:
-            epoch, consumed = self._epoch + 1, 0
-        else:
-            epoch, consumed = self._epoch, 0
-        self._epoch, self._consumed, self._started = epoch, consumed, True
-        return epoch, consumed
+        return self._position.begin_epoch(batches, self._settings(), self._train_fingerprint)
+
+    def _settings(self) -> StreamSettings:
+        return StreamSettings(
+            seed=self.seed,
+            batch_size=self.batch_size,
+            world_size=self.world_size,
+            slices=self.slices,
+            slice_batch_size=self.slice_batch_size,
+            streams=self._streams,
+        )
 
     def _train_fingerprint(self) -> str:
         """Identifies the train shards read (content and order), so a resume on other data is caught."""
         used = set(self.shard_set("train").paths)
         digests = [s.sha256 for s in self.manifest.split("train").shards if s.path in used]
         return hashlib.sha256(" ".join(digests).encode()).hexdigest()[:16]
-
-    def _check_resumable(self, state: dict[str, Any]) -> None:
-        state = {
-            **state,
-            "slices": state.get("slices", state["world_size"]),
-            "global_batch_size": state.get("slice_batch_size", state["batch_size"])
-            * state.get("slices", state["world_size"]),
-        }
-        now = {
-            "seed": self.seed,
-            "slices": self.slices,
-            "global_batch_size": self.slices * self.slice_batch_size,
-            "streams": self._streams,
-        }
-        if "train_data" in state:
-            now["train_data"] = self._train_fingerprint()
-        differ = [f"{k}: checkpoint {state[k]!r}, now {v!r}" for k, v in now.items() if state[k] != v]
-        if differ:
-            raise DataError(
-                "cannot continue the data stream exactly: the checkpoint was taken with other data settings ("
-                + "; ".join(differ)
-                + "); num_workers decides the streams (max(1, num_workers)); another world size needs the same "
-                "data.global_batch_size and a data.data_slices it divides"
-            )
 
     def _loader(self, dataset: torch.utils.data.IterableDataset) -> DataLoader:
         worker_tempdir.check(self.num_workers)
@@ -395,7 +347,7 @@ class _TrainLoader:
         )
         for index, batch in enumerate(dm._loader(dataset), start=consumed):
             if dm.trainer is None:  # no trainer, no hook: whoever iterates is the consumer
-                dm._consumed = index + 1
+                dm._position.consumed = index + 1
             yield batch
 
 

@@ -165,8 +165,8 @@ def _jsonl_documents(path: Path, options: SourceOptions, stats: SourceStats) -> 
 
 
 def _parquet_documents(path: Path, options: SourceOptions) -> Iterator[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # late: pyarrow is heavy and needed only when a .parquet file is read
+    import pyarrow.parquet as pq  # (the same)
 
     try:
         parquet = pq.ParquetFile(path)

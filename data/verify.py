@@ -4,132 +4,17 @@
 
 Exit 0 when everything agrees; otherwise 1 with one line per bad shard ("<path>: <what is wrong>").
 --quick checks presence, sha256 and the tar's member count without decoding the samples.
+The checks are in data/verification.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tarfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from data.errors import DataError
-from data.manifest import SPLITS, Manifest, ShardInfo
-from data.shards import SAMPLE_FIELD, decode_npy, sample_key, sha256_file
-
-
-@dataclass(frozen=True)
-class ShardProblem:
-    split: str
-    path: str  # as listed in the manifest, relative to its folder
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-def verify(
-    directory: str | Path, manifest: Manifest, splits: Sequence[str] = SPLITS, full: bool = True
-) -> list[ShardProblem]:
-    """All problems of the listed splits' shards (empty list: all good). Shards are checked in parallel."""
-    directory = Path(directory)
-    jobs = [(split, shard) for split in splits for shard in manifest.split(split).shards]
-    threads = min(8, os.cpu_count() or 1)  # sha256 and file reads release the GIL
-    with ThreadPoolExecutor(threads) as pool:
-        results = pool.map(lambda job: check_shard(directory, manifest, job[1], full), jobs)
-        return [
-            ShardProblem(split, shard.path, "; ".join(messages))
-            for (split, shard), messages in zip(jobs, results, strict=True)
-            if messages
-        ]
-
-
-def check_shard(directory: Path, manifest: Manifest, shard: ShardInfo, full: bool) -> list[str]:
-    """What is wrong with one shard (empty list: nothing)."""
-    path = directory / shard.path
-    if not path.is_file():
-        return ["missing"]
-    problems = []
-    actual = sha256_file(path)
-    if actual != shard.sha256:
-        problems.append(f"sha256 {actual[:16]}... differs from the manifest's {shard.sha256[:16]}...")
-    count, first_key = 0, None
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                if first_key is None:
-                    first_key = _key_of(member.name)
-                if full and (problem := _check_member(tar, member, (first_key or 0) + count, manifest)):
-                    problems.append(problem)
-                    break
-                count += 1  # samples read whole (or, with full=False, headers seen)
-            else:
-                # tarfile ends quietly at a bad header after the first one: what follows the last member
-                # must be the end-of-archive marker (zero blocks), else the tar is corrupt there.
-                end = tar.offset
-                with open(path, "rb") as raw:
-                    raw.seek(end)
-                    if raw.read(tarfile.BLOCKSIZE).strip(b"\0"):
-                        problems.append(f"corrupt tar: bad member header at byte {end} after {count} samples")
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        return [*problems, f"unreadable tar after {count} samples ({type(exc).__name__}: {exc})"]
-    if count != shard.samples:
-        problems.append(f"holds {count} samples, the manifest says {shard.samples}")
-    return problems
-
-
-def _key_of(name: str) -> int | None:
-    stem = name.removesuffix(f".{SAMPLE_FIELD}")
-    return int(stem) if stem.isdigit() else None
-
-
-def _check_member(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, index: int, manifest: Manifest
-) -> str | None:
-    # Members are numbered consecutively (their position in the split) from the shard's first one.
-    expected = f"{sample_key(index)}.{SAMPLE_FIELD}"
-    if member.name != expected:
-        return f"member {member.name!r} where {expected!r} belongs"
-    handle = tar.extractfile(member)
-    if handle is None:
-        return f"member {member.name!r} is not a file"
-    try:
-        sample = decode_npy(handle.read())
-    except ValueError as exc:
-        return f"sample {member.name} is not a valid .npy array ({exc})"
-    if sample.dtype != np.dtype(manifest.dtype) or sample.shape != (manifest.seq_len + 1,):
-        return (
-            f"sample {member.name} is {sample.dtype}{list(sample.shape)}, "
-            f"the manifest says {manifest.dtype}[{manifest.seq_len + 1}]"
-        )
-    top = int(sample.max())
-    if top >= manifest.vocab_size:
-        return f"sample {member.name} holds token id {top} >= vocab_size {manifest.vocab_size}"
-    return None
-
-
-def check_tokenizer(directory: Path, manifest: Manifest) -> str | None:
-    from tokenizers import Tokenizer
-
-    path = directory / manifest.tokenizer
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises a bare Exception
-        return f"{path}: cannot load ({exc})"
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    eot = tokenizer.token_to_id(manifest.eot_token)
-    if size != manifest.vocab_size or eot != manifest.eot_id:
-        return (
-            f"{path}: vocab {size}, {manifest.eot_token} = {eot}; "
-            f"the manifest says vocab {manifest.vocab_size}, eot_id {manifest.eot_id}"
-        )
-    return None
+from data.verification import verify_folder
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,25 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help="folder holding manifest.json")
     parser.add_argument("--quick", action="store_true", help="sha256 and sample counts only")
     args = parser.parse_args(argv)
-    try:
-        manifest = Manifest.load(args.directory)
-    except DataError as exc:
-        print(f"{exc}", file=sys.stderr)
-        return 1
-    problems = [
-        f"{args.directory / p.path}: {p.message}"
-        for p in verify(args.directory, manifest, full=not args.quick)
-    ]
-    if not args.quick and (tokenizer_problem := check_tokenizer(args.directory, manifest)):
-        problems.append(tokenizer_problem)
-    for line in problems:
-        print(line, file=sys.stderr)
-    if problems:
-        return 1
-    shards = sum(len(s.shards) for s in manifest.splits.values())
-    counts = ", ".join(f"{n} {s.samples} samples / {s.tokens} tokens" for n, s in manifest.splits.items())
-    print(f"OK {args.directory}: {shards} shards ({counts})")
-    return 0
+    return verify_folder(args.directory, args.quick)
 
 
 if __name__ == "__main__":

@@ -124,15 +124,24 @@ def test_commands_only_parse_arguments_and_call_the_library() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def _explained(lines: list[str], number: int) -> bool:
+    """A comment on the import's lines, on an import of the same group above it, or on the line above the
+    group (a parenthesised import's comment may sit on one of its continuation lines)."""
+    if any("#" in line for line in lines[number - 1 : number + 3]):
+        return True
+    above = number - 2
+    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+        if "#" in lines[above]:
+            return True
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_an_import_inside_a_function_says_why(module: str) -> None:
     lines = FILES[module].read_text().splitlines()
     unexplained = []
     for e in imports_of(module, FILES[module], MODULES):
-        if not e.in_function:
-            continue
-        here, above = lines[e.line - 1], lines[e.line - 2].strip() if e.line > 1 else ""
-        block = lines[e.line - 1 : e.line + 3]  # a parenthesised import's comment may sit on a later line
-        if "#" not in here and not above.startswith("#") and not any("#" in line for line in block):
-            unexplained.append(f"{module}:{e.line}: {here.strip()}")
+        if e.in_function and not _explained(lines, e.line):
+            unexplained.append(f"{module}:{e.line}: {lines[e.line - 1].strip()}")
     assert not unexplained, "an import inside a function needs a one-line reason:\n" + "\n".join(unexplained)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data.prepare import prepare
+from data.build import prepare
 from tests.data.helpers import corpus_inputs, corpus_order, make_documents, tiny_config, write_corpus
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.manifest import Manifest
-from data.prepare import PrepareConfig
+from data.prepare_config import PrepareConfig
 from data.shards import decode_npy
 
 WORDS = [

@@ -241,7 +241,7 @@ def test_merged_dataset_trains(two_tasks: Path, mlflow_uri: str) -> None:
 
 
 def test_swap_in_deletes_only_what_the_old_manifest_lists(tiny_shards: Path, tmp_path: Path) -> None:
-    from data.distributed_prepare import swap_in
+    from data.task_merge import swap_in
 
     out, built = tmp_path / "out", tmp_path / "built"
     shutil.copytree(tiny_shards, out)

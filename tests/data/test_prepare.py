@@ -14,9 +14,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from data import sources
+from data.build import prepare
 from data.errors import PrepareError
 from data.manifest import SPLITS, Manifest, dtype_for_vocab, samples_for_stream
-from data.prepare import main, prepare, split_of
+from data.packing import split_of
+from data.prepare import main
 from tests.data.helpers import SEQ_LEN, corpus_inputs, read_split, tiny_config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import data.prepare
+import data.corpus_tokenizer
 from data.prepare import main
 from tests.data.helpers import SEQ_LEN, VOCAB, corpus_inputs
 
@@ -111,7 +111,7 @@ def test_unwritable_out_is_named_before_the_tokenizer_is_trained(
     def no_training(*args: object, **kwargs: object) -> None:
         raise AssertionError("tokenizer trained before the permission check")
 
-    monkeypatch.setattr(data.prepare, "train_bpe", no_training)
+    monkeypatch.setattr(data.corpus_tokenizer, "train_bpe", no_training)
     folder = _unwritable(tmp_path)
     assert main(_args(corpus[0], folder / "out")) == 1
     err = capsys.readouterr().err

@@ -11,7 +11,8 @@ from data.datamodule import ShardDataModule
 from data.errors import ManifestError, ShardError
 from data.manifest import Manifest
 from data.shards import sha256_file, write_shard
-from data.verify import main, verify
+from data.verification import verify
+from data.verify import main
 from tests.data.helpers import edit_manifest, read_split
 
 
