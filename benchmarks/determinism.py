@@ -10,20 +10,16 @@ whether each precision gave one result across every repeat and thread count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 
 import torch
 
+from lightning_modules.core.fragments import fragment
 from lightning_modules.model.attention import AttentionConfig, resolve_attention
-from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.config import load_model_config
 from lightning_modules.model.transformer import Transformer
-
-NANO_DEFAULTS = {
-    "gqa": {"n_kv_heads": 2},
-    "mla": {"kv_latent_dim": 64, "rope_head_dim": 16},
-    "lrkv": {"rank": 8},
-}
 
 
 def step_digest(model: Transformer, batch: torch.Tensor, bf16: bool) -> tuple[float, str]:
@@ -44,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--vocab", type=int, default=4096)
     a = p.parse_args(argv)
-    arch = ModelConfig(attention_defaults=NANO_DEFAULTS, vocab_size=a.vocab, seq_len=a.seq_len)
+    nano = load_model_config([fragment("model", "nano")])[0]  # its attention_defaults: conf/model/nano.yaml
+    arch = dataclasses.replace(nano, vocab_size=a.vocab, seq_len=a.seq_len)
     attention = resolve_attention(arch, AttentionConfig(kind="lrkv"))
     torch.manual_seed(0)
     model = Transformer(arch, attention)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,16 +67,32 @@ def configs(args: argparse.Namespace) -> tuple[Any, Any, memory.Setup]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Peak bytes of live tensors in this process over a step (module docstring)."""
-    from torch.profiler import ProfilerActivity, profile
-
     model, attention, setup = configs(args)
     mesh = None
     if setup.sharded:
-        import torch.distributed as dist
+        import torch.distributed as dist  # late: only a sharded run starts a process group
         from torch.distributed.device_mesh import init_device_mesh
 
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (setup.world,))
+    peak = profiled_peak(model, attention, setup, mesh)
+    row = result_row(model, attention, setup, peak)
+    if mesh is not None:
+        import torch.distributed as dist  # late: as above
+
+        gathered: list[Any] = [None] * setup.world
+        dist.all_gather_object(gathered, peak)
+        row["measured_peak_per_rank"] = gathered
+        dist.barrier()
+        dist.destroy_process_group()
+    return row
+
+
+def profiled_peak(model: Any, attention: Any, setup: memory.Setup, mesh: Any) -> int:
+    """Run STEPS training steps under torch.profiler's memory recording; the peak of live tensor bytes over
+    steps 2 and onwards, counted from before the model is built."""
+    from torch.profiler import ProfilerActivity, profile  # late: the profiler is only needed to measure
+
     mixed = setup.precision == "bf16-mixed"
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
@@ -105,8 +122,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         live += nbytes
         if at >= marks[1]:  # steps 2 and 3: the optimiser state exists
             peak = max(peak, live)
+    return peak
+
+
+def result_row(model: Any, attention: Any, setup: memory.Setup, peak: int) -> dict[str, Any]:
+    """The measured peak beside the memory plan's for the same setting."""
     planned = memory.plan(model, attention, setup)
-    row = {
+    return {
         "size": model.name,
         "attention": attention.label(),
         "strategy": setup.strategy,
@@ -123,35 +145,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ratio": round(planned.peak / peak, 3),
         "plan": planned.as_dict(),
     }
-    if mesh is not None:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * setup.world
-        dist.all_gather_object(gathered, peak)
-        row["measured_peak_per_rank"] = gathered
-        dist.barrier()
-        dist.destroy_process_group()
-    return row
 
 
-# Single process and 2 gloo ranks, both precisions, with and without checkpointing: BENCHMARKS.md's rows.
+# BENCHMARKS.md's rows, as this script's own arguments (the YAML's comment says which and why).
 ALL = [
-    ["--size", "nano", "--attention", "mha", "--micro-batch", "8", "--seq-len", "128"],
-    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "128"],
-    ["--size", "nano", "--attention", "mla", "--micro-batch", "8", "--seq-len", "128", "--activation-checkpointing"],
-    ["--size", "nano", "--attention", "gqa", "--micro-batch", "4", "--seq-len", "64", "--precision", "bf16-mixed"],
-    # a small vocabulary, so that the blocks and not the head set the peak
-    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256"],
-    ["--size", "nano", "--attention", "mqa", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
-     "--activation-checkpointing"],
-    ["--size", "nano", "--attention", "mla", "--micro-batch", "4", "--seq-len", "64", "--vocab-size", "256",
-     "--precision", "bf16-mixed", "--activation-checkpointing"],
-    ["--size", "nano", "--attention", "mha", "--micro-batch", "8", "--seq-len", "128", "--strategy", "fsdp"],
-    ["--size", "nano", "--attention", "lrkv", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
-     "--strategy", "fsdp"],
-    ["--size", "nano", "--attention", "gqa", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
-     "--strategy", "fsdp", "--activation-checkpointing"],
-]  # fmt: skip
+    [str(a) for a in row]
+    for row in yaml.safe_load((ROOT / "conf/benchmarks/memory_plan.yaml").read_text())["rows"]
+]
 
 
 def run_row(argv: list[str]) -> dict[str, Any]:

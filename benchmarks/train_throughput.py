@@ -126,7 +126,8 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
                 contenders[f"litgpt:{label}"] = make_step(litgpt_model(model, n_kv), tokens, args.bf16)
     seconds = measure(contenders, args.steps, args.repeats, args.warmup)
     tokens_per_run = args.batch_size * model.seq_len * args.steps
-    mha_rate = tokens_per_run / seconds["mha"] if "mha" in seconds else None
+    baseline = AttentionConfig(kind=costs.BASELINE).label()
+    mha_rate = tokens_per_run / seconds[baseline] if baseline in seconds else None
     rows = []
     for label, attention in configs.items():
         rate = tokens_per_run / seconds[label]

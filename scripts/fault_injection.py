@@ -29,8 +29,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lightning_modules.tracking.store import EXPERIMENT  # the experiment main.py fit logs to
+
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENT = "lrkv-lab"
 
 
 @dataclass

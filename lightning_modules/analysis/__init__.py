@@ -13,5 +13,6 @@ One idea per module:
 - styles.py      fixed colours and line styles per attention, display order of sizes and attentions
 - units.py       readable axis units for token counts and FLOPs
 - figures.py     saving PNGs and CSVs into the figures folder
-- run_notebooks.py  `python -m lightning_modules.analysis.run_notebooks`: execute the notebooks headless
+- notebooks.py   executing the notebooks headless against a store
+- run_notebooks.py  the command: `python -m lightning_modules.analysis.run_notebooks`
 """

@@ -51,13 +51,14 @@ def paper_size_rows(context: int | None = None) -> list[dict[str, Any]]:
 
 def costs_beside_paper(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
     """One row per paper size x attention: our costs and, where the paper prints them, its cache fraction
-    (LRKV per size; MLA at 128M, latent only) and its test loss. Columns COST_COLUMNS."""
+    (paper.printed_cache_vs_mha: LRKV's main run per size, a sweep point's, MLA's counting the latent only)
+    and its test loss. Columns COST_COLUMNS."""
     table = pd.DataFrame(rows if rows is not None else paper_size_rows())
     if "kv_cache_vs_mha_paper_convention" not in table:
         table["kv_cache_vs_mha_paper_convention"] = math.nan
     table["paper_name"] = table["size"].map(paper.SIZE_NAMES)
     table["paper_kv_cache_vs_mha"] = [
-        _printed_cache(r.size, r.attention, r.label) for r in table.itertuples()
+        _or_nan(paper.printed_cache_vs_mha(r.size, r.attention, r.label)) for r in table.itertuples()
     ]
     table["paper_test_loss"] = [
         paper.TEST_LOSS.get(r.size, {}).get(r.attention, math.nan) for r in table.itertuples()
@@ -96,7 +97,7 @@ def flops_beside_paper(table: pd.DataFrame | None = None) -> pd.DataFrame:
     for size, total_ef in paper.TOTAL_EXAFLOPS.items():
         part = table[table["size"] == size]
         tokens = paper.TOKENS_TRAINED[size]
-        ours_mha = float(part.loc[part["attention"] == "mha", "train_flops_per_token"].iloc[0])
+        ours_mha = float(part.loc[part["attention"] == costs.BASELINE, "train_flops_per_token"].iloc[0])
         rows.append(
             {
                 "size": size,
@@ -117,27 +118,27 @@ def flops_beside_paper(table: pd.DataFrame | None = None) -> pd.DataFrame:
 def sweeps_beside_paper() -> pd.DataFrame:
     """The paper's 128M rank and latent sweeps: its printed cache fraction and loss beside our cache fraction
     (what we cache: for MLA the latent plus the decoupled RoPE key) and ours in the paper's convention."""
-    model, _ = costs.load_configs([costs.fragment("model", "128m"), costs.fragment("attention", "mha")])
     rows = []
-    sweeps = [("lrkv", "rank", s) for s in paper.LRKV_RANK_SWEEP_128M]
-    sweeps += [("mla", "kv_latent_dim", s) for s in paper.MLA_LATENT_SWEEP_128M]
-    for kind, knob, (value, printed, loss) in sweeps:
-        row = costs.cost_row(model, AttentionConfig(kind=kind, **{knob: value}))
-        rows.append(
-            {
-                "size": "128m",
-                "attention": kind,
-                "label": row["label"],
-                "kv_cache_bytes_per_token": row["kv_cache_bytes_per_token"],
-                "kv_cache_vs_mha": row["kv_cache_vs_mha"],
-                "kv_cache_vs_mha_paper_convention": row.get(
-                    "kv_cache_vs_mha_paper_convention", row["kv_cache_vs_mha"]
-                ),
-                "paper_kv_cache_vs_mha": printed,
-                "paper_test_loss": loss,
-            }
-        )
+    for size in paper.SWEEPS:
+        model = costs.load_configs([costs.fragment("model", size)])[0]
+        for config, printed, loss in paper.sweep_points(size):
+            rows.append(_sweep_row(costs.cost_row(model, config), printed, loss))
     return pd.DataFrame(rows)
+
+
+def _sweep_row(row: dict[str, Any], printed: float, loss: float) -> dict[str, Any]:
+    return {
+        "size": row["size"],
+        "attention": row["attention"],
+        "label": row["label"],
+        "kv_cache_bytes_per_token": row["kv_cache_bytes_per_token"],
+        "kv_cache_vs_mha": row["kv_cache_vs_mha"],
+        "kv_cache_vs_mha_paper_convention": row.get(
+            "kv_cache_vs_mha_paper_convention", row["kv_cache_vs_mha"]
+        ),
+        "paper_kv_cache_vs_mha": printed,
+        "paper_test_loss": loss,
+    }
 
 
 def plot_costs(table: pd.DataFrame) -> Figure:
@@ -155,7 +156,7 @@ def plot_costs(table: pd.DataFrame) -> Figure:
         ("decode_flops_per_token", "decode FLOPs per token at full context (% of MHA's)"),
     )
     for ax, (column, title) in zip(axes, panels, strict=True):
-        mha = table[table["attention"] == "mha"].set_index("size")[column]
+        mha = table[table["attention"] == costs.BASELINE].set_index("size")[column]
         for i, kind in enumerate(kinds):
             part = table[table["attention"] == kind].set_index("size").reindex(sizes)
             ratio = 100 * part[column] / mha.reindex(sizes)
@@ -174,12 +175,8 @@ def plot_costs(table: pd.DataFrame) -> Figure:
     return fig
 
 
-def _printed_cache(size: str, attention: str, label: str) -> float:
-    if attention == "lrkv" and label == f"lrkv-r{paper.LRKV_RANK.get(size)}":
-        return paper.LRKV_CACHE_VS_MHA[size]
-    if attention == "mla" and size == "128m":
-        return next((frac for c, frac, _ in paper.MLA_LATENT_SWEEP_128M if label == f"mla-c{c}"), math.nan)
-    return math.nan
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def _percent(value: float) -> str:

@@ -6,7 +6,7 @@ The training module's MLflow contract (docs/tracking.md) is what this reads: tag
 
 Columns of the table, `columns()` (run columns repeat on every row of a run, `EVAL_COLUMNS` vary):
   run_id, run_name, status, size, attention, label, budget, git_commit (str)   seed (int64)
-  knob_<name> for every knob of every registered attention (lightning_modules/attention), typed from its
+  knob_<name> for every knob of every registered attention (lightning_modules/model/attention/), typed from its
   declaration: Int64 for int knobs (<NA> where the run's attention has no such knob), float64, or str
   params, non_embedding_params, attention_params, kv_cache_bytes_per_token, kv_cache_vs_mha,
   train_flops_per_token, decode_flops_per_token (float64, from the cost.* params; NaN when not logged)
@@ -67,7 +67,7 @@ MAX_NAMED = 10  # runs named in one error message
 def knob_types() -> dict[str, type]:
     """knob name -> its declared type (int, float, str), for every registered attention. Imported when
     called: the registry imports torch, which a drawing kernel need not load to import this module."""
-    from lightning_modules.model.attention import knob_specs
+    from lightning_modules.model.attention import knob_specs  # late: the registry imports torch
 
     return {name: spec.type for name, spec in knob_specs().items()}
 
@@ -97,7 +97,7 @@ def load_runs(
     # kernel its import warns that ipywidgets is missing (tqdm.auto); no progress bar is used here.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # late and quiet, as the comment above says
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(name)

@@ -1,8 +1,10 @@
 """Where the MLflow store, the experiment and the figures folder are: argument, else environment, else default.
 
-The training side logs to `sqlite:///mlruns/mlflow.db` relative to the repository root (docs/tracking.md). Notebooks run with notebooks/ as their working directory, so a relative SQLite path is resolved
-against the repository root here, never against the current directory. The file store is deprecated in
-MLflow 3 and never used by this project: a plain path or file: URI is refused rather than silently read.
+The store follows the one rule of lightning_modules/tracking/store.py (docs/tracking.md), with one difference
+of base: notebooks run with notebooks/ as their working directory, so a relative SQLite path is resolved
+against the repository root here, never against the current directory (training, run from the repository
+root, resolves it against the working directory: the same store). The file store is deprecated in MLflow 3
+and never used by this project: a plain path or file: URI is refused rather than silently read.
 """
 
 from __future__ import annotations
@@ -11,43 +13,29 @@ import os
 from pathlib import Path
 
 from lightning_modules.analysis.errors import StoreError
+from lightning_modules.tracking import store as tracking
+from lightning_modules.tracking.store import DEFAULT_TRACKING_URI, TRACKING_URI_ENV, sqlite_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
-DEFAULT_EXPERIMENT = "lrkv-lab"
 # MLflow's own variable names, so that one `export` serves training, the UI and the analysis alike.
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 FIGURES_ENV = "LRKV_FIGURES_DIR"
-SQLITE_PREFIX = "sqlite:///"
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a sqlite:/// URI (relative paths as written), or None for other schemes."""
-    if not uri.startswith(SQLITE_PREFIX):
-        return None
-    return Path(uri[len(SQLITE_PREFIX) :].split("?", 1)[0])
 
 
 def resolve_tracking_uri(uri: str | None = None, base: Path | None = None) -> str:
-    """`uri`, else $MLFLOW_TRACKING_URI, else the project default; a relative SQLite path is made absolute
-    against `base` (default: the repository root)."""
-    uri = uri or os.environ.get(TRACKING_URI_ENV) or DEFAULT_TRACKING_URI
-    if uri.startswith("file:") or "://" not in uri:
+    """`uri`, else $MLFLOW_TRACKING_URI, else the project default (tracking.resolve_tracking_uri); a relative
+    SQLite path is made absolute against `base` (default: the repository root). A file store is refused."""
+    resolved = tracking.resolve_tracking_uri(uri, base or REPO_ROOT)
+    if resolved.startswith("file:") or "://" not in resolved:
         raise StoreError(
-            f"tracking URI {uri!r} names an MLflow file store, which this project does not use (docs/tracking.md); "
+            f"tracking URI {resolved!r} names an MLflow file store, which this project does not use (docs/tracking.md); "
             f"use a SQLite store such as {DEFAULT_TRACKING_URI} or a server URL"
         )
-    path = sqlite_path(uri)
-    if path is None or path.is_absolute():
-        return uri
-    query = uri.split("?", 1)[1] if "?" in uri else ""
-    absolute = (base or REPO_ROOT).resolve() / path
-    return SQLITE_PREFIX + str(absolute) + (f"?{query}" if query else "")
+    return resolved
 
 
 def resolve_experiment(name: str | None = None) -> str:
-    return name or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+    return name or os.environ.get(EXPERIMENT_ENV) or tracking.EXPERIMENT
 
 
 def resolve_figures_dir(out: str | Path | None = None) -> Path:

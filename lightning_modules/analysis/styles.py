@@ -20,13 +20,13 @@ SWEEP_MARKERS = (None, "o", "s", "^", "v", "D", "P", "X")
 def attention_order() -> tuple[str, ...]:
     """The registered attentions in registry order (the cost table's order). Imported when called: the
     registry imports torch, seconds of start-up that a module import should not cost a drawing kernel."""
-    from lightning_modules.model.attention import names
+    from lightning_modules.model.attention import names  # late: the registry imports torch
 
     return names()
 
 
 def attention_style(attention: str) -> dict[str, Any]:
-    from lightning_modules.model.attention import REGISTRY
+    from lightning_modules.model.attention import REGISTRY  # late: the registry imports torch
 
     cls = REGISTRY.get(attention)
     return dict(cls.plot_style if cls is not None and cls.plot_style else UNKNOWN_STYLE)

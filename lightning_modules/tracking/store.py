@@ -1,7 +1,10 @@
 """Where the MLflow store is, which experiment the runs go to, how it is opened safely, and a reachability check.
 
-Default store: embedded SQLite under ./mlruns (docs/tracking.md; MLflow 3 deprecates the file store and
-Lightning's MLFlowLogger would default to it, so a URI is always passed). MLFLOW_TRACKING_URI overrides.
+Where the store lives, the one rule (docs/tracking.md; training and the analysis both call
+`resolve_tracking_uri`): the URI given, else $MLFLOW_TRACKING_URI, else the embedded SQLite store
+sqlite:///mlruns/mlflow.db; a relative SQLite path is made absolute against a base directory, the working
+directory unless the caller names another (the analysis names the repository root). MLflow 3 deprecates the
+file store and Lightning's MLFlowLogger would default to it, so a URI is always passed.
 """
 
 from __future__ import annotations
@@ -15,18 +18,43 @@ from pathlib import Path
 from lightning_modules.core.errors import UserError
 
 EXPERIMENT = "lrkv-lab"
+# MLflow's own variable name, so that one `export` serves training, the UI and the analysis alike.
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"  # relative: resolve_tracking_uri takes it against a base
+SQLITE_PREFIX = "sqlite:///"
 
 
 class TrackingUnreachableError(UserError, RuntimeError):
     """The store cannot be opened or the server does not answer; the message names the URI."""
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (relative paths as written), or None for other schemes."""
+    if not uri.startswith(SQLITE_PREFIX):
+        return None
+    return Path(uri[len(SQLITE_PREFIX) :].split("?", 1)[0])
+
+
+def resolve_tracking_uri(uri: str | None = None, base: Path | None = None) -> str:
+    """`uri`, else $MLFLOW_TRACKING_URI, else DEFAULT_TRACKING_URI; a relative SQLite path is made absolute
+    against `base` (default: the working directory), so the URI names one store wherever it is opened."""
+    uri = uri or os.environ.get(TRACKING_URI_ENV) or DEFAULT_TRACKING_URI
+    path = sqlite_path(uri)
+    if path is None or path.is_absolute():
+        return uri
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    absolute = (base or Path.cwd()).resolve() / path
+    return SQLITE_PREFIX + str(absolute) + (f"?{query}" if query else "")
+
+
 def default_tracking_uri(root: Path | None = None) -> str:
-    return f"sqlite:///{(root or Path.cwd()) / 'mlruns' / 'mlflow.db'}"
+    """The default store under `root` (default: the working directory), whatever the environment says."""
+    return resolve_tracking_uri(DEFAULT_TRACKING_URI, root)
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    """The store training logs to: the rule of resolve_tracking_uri against the working directory."""
+    return resolve_tracking_uri()
 
 
 def local_artifact_location(uri: str) -> str | None:

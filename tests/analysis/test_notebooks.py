@@ -10,7 +10,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from lightning_modules.analysis import run_notebooks as runner
+from lightning_modules.analysis import notebooks as runner
+from lightning_modules.analysis import run_notebooks as command
 from lightning_modules.analysis.runs import load_runs
 from lightning_modules.analysis.targets import tokens_to_target
 
@@ -107,10 +108,10 @@ def test_without_runs_the_run_notebooks_are_skipped_and_say_why(tmp_path: Path) 
 def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = f"sqlite:///{tmp_path / 'none.db'}"
     assert (
-        runner.main(["--tracking-uri", missing, "--out", str(tmp_path), "--notebook", "cache_frontier"]) == 1
+        command.main(["--tracking-uri", missing, "--out", str(tmp_path), "--notebook", "cache_frontier"]) == 1
     )
     assert "skipped" in capsys.readouterr().out
-    assert runner.main(["--tracking-uri", str(tmp_path / "mlruns"), "--out", str(tmp_path)]) == 2
+    assert command.main(["--tracking-uri", str(tmp_path / "mlruns"), "--out", str(tmp_path)]) == 2
     assert "file store" in capsys.readouterr().err
 
 
@@ -118,7 +119,7 @@ def test_a_run_notebook_opened_on_an_empty_store_fails_clearly(
     new_store: Callable[[str], str], tmp_path: Path
 ) -> None:
     # What a user sees running the notebook by hand (the runner would have skipped it).
-    env = {runner.TRACKING_URI_ENV: new_store("empty_for_notebook"), runner.FIGURES_ENV: str(tmp_path)}
+    env = {command.TRACKING_URI_ENV: new_store("empty_for_notebook"), command.FIGURES_ENV: str(tmp_path)}
     outcome = runner.execute_notebook("cache_frontier", tmp_path, env, timeout=120)
     assert outcome.status == "failed"
     assert outcome.message.startswith("NoRunsError: no experiment 'lrkv-lab'")
