@@ -11,6 +11,10 @@ from typing import Any
 from lightning_modules.core.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# conf/ folders holding data other commands read, not main.py fragments: study protocols
+# (lightning_modules/study/protocol.py), the paper's printed numbers (lightning_modules/analysis/paper.py), the
+# rows a benchmark measures (benchmarks/memory_plan.py).
+NOT_FRAGMENTS = ("study", "paper", "benchmarks")
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

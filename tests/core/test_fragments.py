@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lightning_modules.core.fragments import CONF_DIR, compose, fragment
+from lightning_modules.core.fragments import CONF_DIR, NOT_FRAGMENTS, compose, fragment
 from lightning_modules.model.attention import names
 from lightning_modules.training.cli import main
 
@@ -53,11 +53,7 @@ def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def test_every_conf_fragment_is_in_a_combination() -> None:
     used = {p for combo in combinations() for p in combo}
-    # conf/study/ holds study protocols, not main.py fragments (tests/study/test_study.py loads them);
-    # conf/paper/ the paper's printed numbers, data that analysis/paper.py reads; conf/benchmarks/ the rows
-    # a benchmark measures (benchmarks/memory_plan.py).
-    skipped = ("study", "paper", "benchmarks")
-    assert {p for p in CONF_DIR.glob("**/*.yaml") if p.parent.name not in skipped} <= used
+    assert {p for p in CONF_DIR.glob("**/*.yaml") if p.parent.name not in NOT_FRAGMENTS} <= used
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lightning_modules.core.fragments import NOT_FRAGMENTS
 from main import main
 from tests.conftest import TINY_SEQ_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-# conf/study/ holds study protocols, not main.py fragments (tests/study/test_study.py loads them).
 FRAGMENTS = sorted(
-    p.relative_to(CONF) for p in CONF.rglob("*.yaml") if p.name != "base.yaml" and p.parent.name != "study"
+    p.relative_to(CONF)
+    for p in CONF.rglob("*.yaml")
+    if p.name != "base.yaml" and p.parent.name not in NOT_FRAGMENTS
 )
 
 
