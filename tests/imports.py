@@ -58,7 +58,7 @@ def imports_of(name: str, path: Path, modules: set[str]) -> list[Import]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
-        if node.lineno in skipped if isinstance(node, ast.Import | ast.ImportFrom) else True:
+        if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skipped:
             continue
         targets: list[str] = []
         if isinstance(node, ast.Import):

@@ -5,6 +5,7 @@ importing a command, and an import inside a function only with a comment saying 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import pytest
@@ -42,18 +43,24 @@ MODULES = set(FILES)
 EDGES = graph()
 
 
+@functools.cache
 def is_command(module: str) -> bool:
+    """main.py, a module at lightning_modules/'s root, a __main__.py, or a module with a `__main__` guard."""
     path = FILES[module]
     parts = module.split(".")
     at_root = parts[0] == "lightning_modules" and len(parts) == 2 and path.name != "__init__.py"
-    return module == "main" or at_root or path.name == "__main__.py" or "__main__" in path.read_text()
+    guard = any(
+        isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+        for node in ast.parse(path.read_text()).body
+    )
+    return module == "main" or at_root or path.name == "__main__.py" or guard
 
 
 def room(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "data":
         return "data"
-    if is_command(module) and parts[0] != "data":
+    if is_command(module):
         return "commands"
     return parts[1] if len(parts) > 1 else "lightning_modules"
 

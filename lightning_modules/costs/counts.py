@@ -124,9 +124,9 @@ def cost_row(
 def default_rows(context: int | None) -> list[dict[str, Any]]:
     rows = []
     for size in TABLE_SIZES:
+        model = load_configs([fragment("model", size)])[0]
         for kind in names():
             # The kind alone: conf/attention/<kind>.yaml sets nothing else, and a kind registered without a
             # fragment (tests/model/test_registry.py) still gets its row.
-            model = load_configs([fragment("model", size)])[0]
             rows.append(cost_row(model, AttentionConfig(kind=kind), context))
     return rows
