@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lightning_modules.core.errors import ConfigError
 from lightning_modules.core.fragments import fragment
 from lightning_modules.model.attention import names
 from lightning_modules.study.compare import format_rows, run_one
@@ -33,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(fragment("data", "shakespeare")), help="data fragment")
     parser.add_argument("--budget", default=str(fragment("budget", "demo")), help="budget fragment")
     args = parser.parse_args(argv)
+    for size in args.sizes:  # before any training: a size with no conf/model fragment is a usage error
+        try:
+            fragment("model", size)
+        except ConfigError as e:
+            parser.error(f"--sizes: {e}")
     rows = []
     for size in args.sizes:
         for seed in args.seeds:

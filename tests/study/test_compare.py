@@ -34,3 +34,12 @@ def test_compare_trains_tests_and_tabulates(
     assert all(4.0e9 <= f < 4.0e9 + step for f in flops)
     assert all(0 < float(r[7]) < 10 and 0 < float(r[8]) < 10 for r in rows)  # test CE, bits per byte
     assert "make mlflow-ui" in out
+
+
+def test_an_unknown_size_is_refused_in_one_line_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(["--sizes", "nano", "9x"])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "--sizes: no conf/model/9x.yaml; allowed:" in captured.err and "nano" in captured.err
+    assert "Traceback" not in captured.err and "===" not in captured.out  # nothing trained
