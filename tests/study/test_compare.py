@@ -37,9 +37,10 @@ def test_compare_trains_tests_and_tabulates(
 
 
 def test_an_unknown_size_is_refused_in_one_line_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    missing = "9x"
     with pytest.raises(SystemExit) as exit_info:
-        compare.main(["--sizes", "nano", "9x"])
+        compare.main(["--sizes", "nano", missing])
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
-    assert "--sizes: no conf/model/9x.yaml; allowed:" in captured.err and "nano" in captured.err
+    assert f"--sizes: no conf/model/{missing}.yaml; allowed:" in captured.err and "nano" in captured.err
     assert "Traceback" not in captured.err and "===" not in captured.out  # nothing trained
