@@ -11,13 +11,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import TINY_SEQ_LEN
+from tests.one_line import Case, assert_each_ends_in_one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 NANO = [
@@ -54,8 +54,7 @@ def _unwritable(tmp_path: Path) -> Path | None:
     return None
 
 
-def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str], list[str]]]:
-    """(name, argv after the interpreter, extra env, substrings the error line must hold)."""
+def _cases(tmp: Path, shards: Path) -> list[Case]:
     truncated = tmp / "truncated.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 1}, truncated)
     truncated.write_bytes(truncated.read_bytes()[:500])
@@ -113,39 +112,9 @@ def _cases(tmp: Path, shards: Path) -> list[tuple[str, list[str], dict[str, str]
     return cases
 
 
-def _problems(argv: list[str], env: dict[str, str], expected: list[str], cwd: Path) -> list[str]:
-    run = subprocess.run(
-        [sys.executable, *argv],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    errors = [line for line in run.stderr.splitlines() if ": error: " in line]
-    problems = []
-    if run.returncode == 0:
-        problems.append("exit 0")
-    if "Traceback" in run.stderr or len(errors) != 1:
-        problems.append(f"not one error line: {run.stderr[-1500:]}")
-    elif not all(part in errors[0] for part in expected):
-        problems.append(f"{errors[0]!r} lacks {expected}")
-    if "weights_only=False" in run.stderr or "unsafe-code-ran" in run.stdout:
-        problems.append("unsafe load advised or done")
-    return problems
-
-
 @pytest.mark.slow
 def test_each_bad_input_ends_in_one_line(tiny_shards: Path, mlflow_uri: str, tmp_path: Path) -> None:
-    # The rows are independent processes that spend most of their time importing (one thread each):
-    # three at a time on two cores take about half as long as one after another.
-    cases = _cases(tmp_path, tiny_shards)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(lambda case: _problems(case[1], case[2], case[3], tmp_path), cases))
-    failures = [
-        f"{case[0]}: {'; '.join(problems)}" for case, problems in zip(cases, results, strict=True) if problems
-    ]
-    assert not failures, "\n".join(failures)
+    assert_each_ends_in_one_line(_cases(tmp_path, tiny_shards), tmp_path)
 
 
 def test_debug_env_shows_the_traceback(tmp_path: Path) -> None:
