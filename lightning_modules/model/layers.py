@@ -46,13 +46,17 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)  # (T, dim/2)
         return angles.cos(), angles.sin()
 
+    def tables(self, end: int) -> tuple[Tensor, Tensor]:
+        """fp32 cos and sin, (end or more, dim/2), for positions 0 .. end - 1: the stored tables, or longer ones
+        computed the same way when a generation runs past max_seq_len."""
+        if end > self.cos.shape[0]:
+            return self._tables(end, self.cos.device)
+        return self.cos, self.sin
+
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """x: (B, T, heads, dim), positions start .. start + T - 1."""
         T = x.shape[1]
-        if start + T > self.cos.shape[0]:
-            cos, sin = self._tables(start + T, self.cos.device)
-        else:
-            cos, sin = self.cos, self.sin
+        cos, sin = self.tables(start + T)
         cos = cos[start : start + T, None, :].to(x.dtype)  # (T, 1, dim/2), broadcast over batch and heads
         sin = sin[start : start + T, None, :].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)

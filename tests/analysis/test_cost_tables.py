@@ -26,7 +26,8 @@ def test_lrkv_cache_matches_the_paper_and_losses_are_its(table) -> None:
     lrkv = table[table["attention"] == "lrkv"].set_index("size")
     for size, printed in paper.LRKV_CACHE_VS_MHA.items():
         assert lrkv.loc[size, "paper_kv_cache_vs_mha"] == printed
-        assert lrkv.loc[size, "kv_cache_vs_mha"] == pytest.approx(printed, abs=5e-4), size
+        assert lrkv.loc[size, "kv_cache_vs_mha_paper_convention"] == pytest.approx(printed, abs=5e-4), size
+        assert lrkv.loc[size, "kv_cache_vs_mha"] > printed  # the absorbed decode also caches 1 / rms per head
     row = table[(table["size"] == "2.5b") & (table["attention"] == "lrkv")].iloc[0]
     assert row["paper_test_loss"] == 2.376 and row["paper_name"] == "2.5B"
     mla = table[(table["size"] == "128m") & (table["attention"] == "mla")].iloc[0]

@@ -128,7 +128,7 @@ def test_mla_absorbed_equals_rebuilt(knobs: dict) -> None:
 def test_lrkv_exact_equals_materialised_per_head_kv(lrkv_path: str) -> None:
     net = build("lrkv", lrkv_path=lrkv_path)
     toks = tokens()
-    exact = decode_all(net, toks, [9], path="exact")
+    exact = decode_all(net, toks, [9], path="absorbed")
     materialised = decode_all(net, toks, [9], path="materialized")
     torch.testing.assert_close(exact, materialised, atol=1e-5, rtol=0)
 

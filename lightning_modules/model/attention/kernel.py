@@ -104,13 +104,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped)
 
 
+def masked_softmax(scores: Tensor, causal: bool = True) -> Tensor:
+    """softmax over the last dim of (B, H, Tq, Tk) scores, in fp32 (or wider for wider scores), with the causal mask aligned to the end as
+    in `attend` (query i sees keys 0 .. Tk - Tq + i)."""
+    Tq, Tk = scores.shape[-2], scores.shape[-1]
+    if causal and Tq > 1:
+        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=scores.device).tril(diagonal=Tk - Tq)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+
+
 def attention_probs(q: Tensor, k: Tensor, scale: float, causal: bool = True) -> Tensor:
     """softmax(q k^T * scale + causal mask) as an explicit (B, H, Tq, Tk) tensor, for decode paths that mix
     values themselves (LRKV's absorbed values, docs/attentions.md). q: (B, H, Tq, d); k: (B, H, Tk, d). The causal
     mask is aligned to the end, as in `attend`. The softmax runs in fp32 and returns q's dtype."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
-    Tq, Tk = q.shape[2], k.shape[2]
-    if causal and Tq > 1:
-        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(diagonal=Tk - Tq)
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    return masked_softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, causal).to(q.dtype)

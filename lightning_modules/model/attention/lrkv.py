@@ -32,8 +32,16 @@ from torch import Tensor, nn
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.model.attention.base import Attention
 from lightning_modules.model.attention.cache import TIME, LayerCache
-from lightning_modules.model.attention.kernel import attend, attention_probs
+from lightning_modules.model.attention.kernel import attend, attention_probs, masked_softmax
 from lightning_modules.model.attention.knobs import knob
+from lightning_modules.model.attention.lrkv_decode import (
+    key_scale,
+    latent_scores,
+    query_maps,
+    rebuilt_scores,
+    rope_basis,
+    score_dtype,
+)
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import RMSNorm, RotaryEmbedding
 
@@ -51,7 +59,7 @@ class LowRankKVAttention(Attention):
     Knobs = LowRankKnobs
     label_suffix = "r{rank}"
     plot_style = {"color": "tab:red", "linestyle": "-"}  # a per-head cache: solid, like mha
-    decode_paths = ("exact", "materialized")
+    decode_paths = ("absorbed", "rebuilt", "materialized")
     train_path_knob = "lrkv_path"
 
     @classmethod
@@ -136,17 +144,66 @@ class LowRankKVAttention(Attention):
         H, dh, r = self.n_head, self.head_dim, self.rank
         if path == "materialized":  # per-head K (after norm and RoPE) and V, as MHA
             return {"k": (H, TIME, dh), "v": (H, TIME, dh)}
-        # Latents head-major, (B, H, S, r): the per-head products below read them without a copy.
-        return {"k_s": (TIME, dh), "v_s": (TIME, dh), "l_k": (H, TIME, r), "l_v": (H, TIME, r)}
+        if path == "rebuilt":  # x W_s and the latents; keys rebuilt from them every step
+            return {"k_s": (TIME, dh), "v_s": (TIME, dh), "l_k": (H, TIME, r), "l_v": (H, TIME, r)}
+        # absorbed (lrkv_decode.py): the shared key already gained and rotated, 1 / rms per head when there is
+        # QK-norm, key latents position-major ((B, S, H r) is the row-wise dot's layout), value latents
+        # head-major ((B, H, S, r) is what the probabilities multiply without a copy).
+        layout = {"k_rot": (TIME, dh), "l_k": (TIME, H, r), "v_s": (TIME, dh), "l_v": (H, TIME, r)}
+        if self.k_norm is not None:
+            layout["sigma"] = (TIME, H)
+        return layout
 
     def decode(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        if cache.path == "materialized":
+            return self._decode_materialized(x, rope, cache)
+        if cache.path == "rebuilt":
+            return self._decode_rebuilt(x, rope, cache)
         B, T, _ = x.shape
         H, dh, r = self.n_head, self.head_dim, self.rank
         start = cache.length
-        if cache.path == "materialized":
-            return self._decode_materialized(x, rope, cache)
         # The decode projection is the factorised one whatever lrkv_path trains with: the cache needs x W_s
         # and the latents, not per-head K/V.
+        q, k_s, v_s, l_k, l_v = self.in_proj(x).split(self._split_sizes(), dim=-1)
+        q, l_k = q.view(B, T, H, dh), l_k.view(B, T, H, r)
+        new = {"v_s": v_s, "l_k": l_k, "l_v": l_v.view(B, T, H, r).transpose(1, 2)}
+        acc = score_dtype(x.dtype)  # everything a score is made of, in fp32 (lrkv_decode.py)
+        gain = torch.ones(dh, device=x.device, dtype=acc)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            gain = self.k_norm.weight.to(acc)
+            # 1 / rms of each new token's per-head key, the only per-head key quantity a step needs.
+            latent_part = torch.einsum("bthr,hdr->bthd", l_k.to(acc), self.b_k.to(acc))
+            new["sigma"] = key_scale(k_s.view(B, T, 1, dh).to(acc) + latent_part, self.k_norm.eps)
+        new["k_rot"] = rope((gain * k_s.to(acc)).view(B, T, 1, dh), start).view(B, T, dh)
+        held = cache.append(**new)
+        q = rope(q, start).to(acc)  # (B, T, H, dh)
+        c = gain[:, None] * self.b_k.to(acc)  # C_h = diag(g) B^K_h: (H, dh, r)
+        sigma = held.get("sigma")
+        with torch.autocast(x.device.type, enabled=False):  # autocast would lower these products to bf16
+            if T * r <= dh:  # the latent form's (B, S, T, H, r) product is no larger than the keys
+                basis = rope_basis(rope, cache.length, acc)
+                scores = latent_scores(q, query_maps(q, c), held["k_rot"], held["l_k"], sigma, basis)
+            else:
+                scores = rebuilt_scores(q, c, held["k_rot"], held["l_k"], sigma, rope)
+        a = masked_softmax(scores / math.sqrt(dh)).to(v_s.dtype)  # (B, H, T, S)
+        return self._mix_values(a, held["v_s"], held["l_v"])
+
+    def _mix_values(self, a: Tensor, v_s: Tensor, l_v: Tensor) -> Tensor:
+        """Values absorbed, exactly: a_h V_h = a_h V_s + (a_h R^V_h) (B^V_h)^T. a: (B, H, T, S); v_s: (B, S, dh);
+        l_v: (B, H, S, r). Returns the output projection's result, (B, T, d)."""
+        B, H, T, _ = a.shape
+        y = torch.matmul(a, v_s.unsqueeze(1))  # (B, H, T, S) @ (B, 1, S, dh) -> (B, H, T, dh)
+        mixed_latents = torch.matmul(a, l_v)  # (B, H, T, S) @ (B, H, S, r) -> (B, H, T, r)
+        y = y + torch.einsum("bhtr,hdr->bhtd", mixed_latents, self.b_v)
+        return self.out(y.transpose(1, 2).reshape(B, T, H * self.head_dim))
+
+    def _decode_rebuilt(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
+        """Reference for the tests: the per-head keys of all S held positions rebuilt from x W_s and the
+        latents every step, then QK-norm and RoPE over them (about six times MHA's bytes per step)."""
+        B, T, _ = x.shape
+        H, dh, r = self.n_head, self.head_dim, self.rank
+        start = cache.length
         q, k_s, v_s, l_k, l_v = self.in_proj(x).split(self._split_sizes(), dim=-1)
         held = cache.append(
             k_s=k_s,
@@ -154,8 +211,6 @@ class LowRankKVAttention(Attention):
             l_k=l_k.view(B, T, H, r).transpose(1, 2),
             l_v=l_v.view(B, T, H, r).transpose(1, 2),
         )
-        # Keys of all S held positions rebuilt: R^K_h (B^K_h)^T (B, H, S, dh) + K_s (B, 1, S, dh), in place so
-        # the result stays one contiguous head-major tensor (the norm below is ~3x slower on a strided one).
         k = torch.einsum("bhsr,hdr->bhsd", held["l_k"], self.b_k).add_(held["k_s"].unsqueeze(1))
         q = q.view(B, T, H, dh)
         if self.q_norm is not None and self.k_norm is not None:
@@ -163,11 +218,7 @@ class LowRankKVAttention(Attention):
         q = rope(q, start).transpose(1, 2)  # (B, H, T, dh)
         k = rope(k.transpose(1, 2)).transpose(1, 2)  # RoPE reads (B, S, H, dh): keys at positions 0 .. S - 1
         a = attention_probs(q, k, scale=1.0 / math.sqrt(dh))  # (B, H, T, S)
-        # Values absorbed, exactly: a_h V_h = a_h V_s + (a_h R^V_h) (B^V_h)^T.
-        y = torch.matmul(a, held["v_s"].unsqueeze(1))  # (B, H, T, S) @ (B, 1, S, dh) -> (B, H, T, dh)
-        mixed_latents = torch.matmul(a, held["l_v"])  # (B, H, T, S) @ (B, H, S, r) -> (B, H, T, r)
-        y = y + torch.einsum("bhtr,hdr->bhtd", mixed_latents, self.b_v)
-        return self.out(y.transpose(1, 2).reshape(B, T, H * dh))
+        return self._mix_values(a, held["v_s"], held["l_v"])
 
     def _decode_materialized(self, x: Tensor, rope: RotaryEmbedding, cache: LayerCache) -> Tensor:
         """Reference for the tests: per-head K/V built and cached as MHA would (an MHA-sized cache)."""
@@ -199,13 +250,21 @@ class LowRankKVAttention(Attention):
         return 2 * 2 * H * dh * knobs.rank * d  # B_h U_h for keys and for values
 
     @classmethod
+    def extra_costs(cls, model: ModelConfig, knobs: LowRankKnobs) -> dict[str, float]:
+        # The paper counts x W^K_s, x W^V_s and the latents, 1/H + r/d_h of MHA's (docs/paper-errata.md); the
+        # absorbed decode caches 1 / rms per head too (H more elements per token, lrkv_decode.py).
+        return {"kv_cache_vs_mha_paper_convention": 1 / model.n_head + knobs.rank / model.head_dim}
+
+    @classmethod
     def decode_flops_per_token(cls, model: ModelConfig, knobs: LowRankKnobs, context: int) -> int:
-        """Exact decode (docs/attentions.md): new token's projections; keys of all `context` positions
-        rebuilt, K_h = K_s + R^K_h (B^K_h)^T; scores; values absorbed, a_h V_s + (a_h R^V_h)(B^V_h)^T."""
+        """Absorbed decode (lrkv_decode.py), the matrix products: new token's projections; per cached position
+        and head the RoPE basis times M_h (2 r d_h) and the shared key's score (2 d_h); values absorbed,
+        a_h V_s + (a_h R^V_h)(B^V_h)^T. The row-wise dot of F M_h with the latents (2 r per position and head, 1/d_h
+        of the product before it) is elementwise and, like norms and softmax, not counted (docs/costs.md)."""
         d, H, dh = model.d_model, model.n_head, model.head_dim
         r = knobs.rank
         projections = 2 * d * (H * dh + 2 * dh + 2 * H * r) + 2 * H * dh * d
-        rebuild_keys = 2 * context * H * r * dh
+        low_rank_scores = 2 * context * H * r * dh
         scores = 2 * context * H * dh
         values = 2 * context * H * (dh + r) + 2 * H * r * dh
-        return projections + rebuild_keys + scores + values
+        return projections + low_rank_scores + scores + values
