@@ -65,6 +65,6 @@ notebooks: $(STAMP)
 decode-bench: $(STAMP)
 	$(PY) benchmarks/decode.py --size nano
 
+# The store everything else uses (MLFLOW_TRACKING_URI, else ./mlruns); a tracking server is only linked to.
 mlflow-ui: $(STAMP)
-	@$(VENV)/bin/python -m lightning_modules.mlflow_ui
-	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///mlruns/mlflow.db
+	$(PY) -m lightning_modules.mlflow_ui

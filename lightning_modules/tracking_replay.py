@@ -6,7 +6,11 @@
 
 The calls go in their original order and the file (and its kept artifacts) is removed once all are in. A
 call sent twice is stored once (lightning_modules/tracking/buffer.py), so a replay cut short can simply be
-run again: it resumes from the first call not yet sent.
+run again, with the same options: it resumes from the first call not yet sent. The options redirect this
+replay only; the file is never rewritten with them. The file is checked whole first: a damaged line, or an
+artifact path outside the file's own artifacts folder, is refused with nothing sent or deleted. A last
+line cut short (the run died while writing it) is reported on one warning line and the calls before it are
+sent (exit 0). Exit 1: refused or not all sent (the error line says why and what to do).
 """
 
 from __future__ import annotations
@@ -15,22 +19,30 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightning_modules.tracking.buffer import PendingFileError
+from lightning_modules.core.errors import run_entry
 from lightning_modules.tracking.replay import replay
+
+PROG = "tracking_replay"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lightning_modules.tracking_replay", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_modules.tracking_replay",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("file", type=Path, help="the mlflow-pending-<run id>.jsonl file a run saved")
-    parser.add_argument("--tracking-uri", help="the store to send to (default: the one in the file)")
-    parser.add_argument("--run-id", help="send every call to this run instead")
+    parser.add_argument("--tracking-uri", help="send to this store instead (this replay only)")
+    parser.add_argument("--run-id", help="send every call to this run instead (this replay only)")
     args = parser.parse_args(argv)
-    try:
-        sent = replay(args.file, args.tracking_uri, args.run_id)
-    except PendingFileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"sent {sent} MLflow calls from {args.file}")
+    return run_entry(lambda: _replay(args), PROG, code=1)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    result = replay(args.file, args.tracking_uri, args.run_id)
+    if result.warning:
+        print(f"{PROG}: warning: {result.warning}", file=sys.stderr)
+    print(f"sent {result.sent} MLflow calls from {args.file}")
     return 0
 
 

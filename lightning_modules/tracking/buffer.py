@@ -11,22 +11,32 @@ Sending an op twice is harmless, so a call whose reply was lost can be retried: 
 of its first attempt and MLflow stores a (key, step, timestamp, value) once; tags, an unchanged parameter, an
 artifact and the final status overwrite themselves. Reads (get_run, search_*) and run creation are not
 buffered: they pass through and fail as they would.
+
+A pending file is handed around (shared clusters), so its contents are untrusted: `read_pending` checks every
+line before anything is read, sent or deleted. Each op must have the shape this module writes, and each
+artifact path, resolved (symlinks and `..`), must lie in a folder of its own inside the file's artifacts
+folder (`<file stem>-artifacts/<folder>/<name>`); only such a folder is ever deleted. A process that dies
+while appending can only cut the file's last line: that line is reported (`Pending.cut_line`), not refused,
+and every line before it is sent; a damaged line anywhere else refuses the whole file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections import deque
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from data.atomic import write_text_atomic
+from lightning_modules.core.errors import UserError
 from lightning_modules.tracking import store as tracking
 
 log = logging.getLogger(__name__)
@@ -37,8 +47,9 @@ MAX_BATCH, MAX_BATCH_PARAMS, MAX_BATCH_TAGS = 1000, 100, 100
 FIRST_RETRY_S, MAX_RETRY_S = 1.0, 60.0
 
 
-class PendingFileError(RuntimeError):
-    """The pending file is missing, not one this module wrote, or damaged."""
+class PendingFileError(UserError, RuntimeError):
+    """The pending file is missing, not one this module wrote, damaged, or names a path outside its own
+    artifacts folder; the message names the file (and line) and what to do."""
 
 
 def _one_line(error: BaseException) -> str:
@@ -108,34 +119,219 @@ def send(client: MlflowClient, group: list[dict[str, Any]]) -> None:
         raise PendingFileError(f"unknown op {head['op']!r}")
 
 
-def read_pending(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The header and the ops of a pending file; artifact paths made absolute."""
+@dataclass(frozen=True)
+class Pending:
+    """A pending file as read: its header, its ops (artifact paths resolved and absolute), each op's line as
+    written (a rewrite keeps them byte for byte), and the number of a last line cut short (None if none)."""
+
+    header: dict[str, Any]
+    header_line: str
+    ops: list[dict[str, Any]]
+    lines: list[str]
+    cut_line: int | None
+    cut_text: str = ""
+
+
+def artifact_root(path: Path) -> Path:
+    """Where the kept copies of a pending file's artifacts live: `<file stem>-artifacts` beside it."""
+    return path.parent.resolve() / f"{path.stem}-artifacts"
+
+
+def kept_folder(root: Path, kept: Path) -> Path | None:
+    """The folder of one kept copy (`root/<folder>`, the only thing replay deletes), or None when `kept`,
+    resolved, is not at least two levels inside `root`."""
     try:
-        lines = path.read_text().splitlines()
-        header = json.loads(lines[0]) if lines else {}
-        ops = [json.loads(line) for line in lines[1:] if line.strip()]
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        parts = kept.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return None
+    return root.resolve() / parts[0] if len(parts) >= 2 else None
+
+
+def _damaged(path: Path, number: int, what: str) -> PendingFileError:
+    return PendingFileError(
+        f"{path} line {number}: {what}; the file is damaged or was not written by a run "
+        "(nothing was sent): fix or remove that line"
+    )
+
+
+def _pairs(value: Any, width: int, types: tuple[tuple[type, ...], ...]) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(row, list)
+        and len(row) == width
+        and all(isinstance(x, t) and not isinstance(x, bool) for x, t in zip(row, types, strict=True))
+        for row in value
+    )
+
+
+def _check_op(op: Any, path: Path, number: int) -> dict[str, Any]:
+    """The op of one line if it has the shape this module writes (so sending it cannot fail on its form)."""
+    if not isinstance(op, dict):
+        raise _damaged(path, number, "not a JSON object")
+    kind, run_id = op.get("op"), op.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise _damaged(path, number, "no run_id")
+    number_ = (int, float)
+    if kind == "batch":
+        ok = (
+            _pairs(op.get("metrics"), 4, ((str,), number_, (int,), (int,)))
+            and _pairs(op.get("params"), 2, ((str,), (str,)))
+            and _pairs(op.get("tags"), 2, ((str,), (str,)))
+        )
+    elif kind == "artifact":
+        target = op.get("artifact_path")
+        ok = isinstance(op.get("path"), str) and (target is None or isinstance(target, str))
+        # The run's artifact folder is joined with this: no absolute path, no `..` out of it.
+        if (
+            ok
+            and target is not None
+            and (target.startswith(("/", "\\")) or ".." in PurePosixPath(target).parts)
+        ):
+            raise _damaged(path, number, f"artifact_path {target!r} leaves the run's artifact folder")
+    elif kind == "terminated":
+        ok = isinstance(op.get("status"), str) and isinstance(op.get("end_time"), int)
+    else:
+        raise _damaged(path, number, f"unknown op {kind!r}")
+    if not ok:
+        raise _damaged(path, number, f"a {kind!r} op without the fields this project writes")
+    return op
+
+
+def _confine(op: dict[str, Any], path: Path, number: int, root: Path) -> dict[str, Any]:
+    """The artifact op with its path resolved, if that lies in a kept-copy folder of `root`."""
+    kept = (path.parent.resolve() / op["path"]).resolve()
+    if kept_folder(root, kept) is None:
+        raise PendingFileError(
+            f"{path} line {number}: artifact {op['path']!r} resolves to {kept}, not a kept copy inside the "
+            f"file's own artifacts folder {root}; refused (nothing was sent or deleted): remove that line, or "
+            "the file if you do not know where it came from"
+        )
+    return {**op, "path": str(kept)}
+
+
+def read_pending(path: Path) -> Pending:
+    """The pending file, every line checked (module docstring); raises PendingFileError naming the line."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise PendingFileError(f"{path}: cannot read it as a pending MLflow file ({_one_line(e)})") from None
-    if header.get("format") != FORMAT:
+    # json.dumps escapes newlines, so "\n" ends every line; the last piece is "" unless the end was cut.
+    *complete, tail = text.split("\n")
+    header_line = complete[0] if complete else tail
+    try:
+        header = json.loads(header_line) if header_line.strip() else {}
+    except json.JSONDecodeError:
+        header = {}
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PendingFileError(
             f"{path}: not a pending MLflow file (its first line is not a {FORMAT!r} header)"
         )
-    for op in ops:
-        if op.get("op") == "artifact":
-            op["path"] = str(path.parent / op["path"])
-    return header, ops
+    if not isinstance(header.get("tracking_uri"), str):
+        raise _damaged(path, 1, "the header names no tracking_uri")
+    root = artifact_root(path)
+    if root.is_symlink():  # its kept copies would be deleted wherever it points
+        raise PendingFileError(
+            f"{root} is a symbolic link, not the folder a run keeps its artifacts in; refused (nothing was "
+            "sent or deleted): replace it by the real folder"
+        )
+    ops: list[dict[str, Any]] = []
+    lines: list[str] = []
+    cut_line, cut_text = None, ""
+    numbered = list(enumerate(complete[1:], start=2))
+    last = len(complete) + 1 if complete and tail else None  # a line with no newline after it
+    if last is not None:
+        numbered.append((last, tail))
+    for number, line in numbered:
+        if not line.strip():
+            continue
+        try:
+            op = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == last:  # the append of a dying process: only the last line can be cut
+                cut_line, cut_text = number, tail
+                break
+            raise _damaged(path, number, f"not JSON ({e.msg})") from None
+        op = _check_op(op, path, number)
+        ops.append(_confine(op, path, number, root) if op["op"] == "artifact" else op)
+        lines.append(line)
+    return Pending(header, header_line, ops, lines, cut_line, cut_text)
+
+
+def check_kept_copies(path: Path, pending: Pending) -> None:
+    """Every artifact the file names is there, and nothing inside a kept folder links outside the artifacts
+    folder (a folder's contents are sent too); raises PendingFileError naming the first that is not."""
+    root = artifact_root(path)
+    for op in pending.ops:
+        if op["op"] != "artifact":
+            continue
+        kept = Path(op["path"])
+        if not kept.exists():
+            raise PendingFileError(
+                f"{path}: the kept copy {kept} of an artifact is missing (nothing was sent): restore it, or "
+                "remove its line from the file"
+            )
+        inside = [Path(d) / n for d, dirs, files in os.walk(kept) for n in (*dirs, *files)]
+        for entry in inside:
+            if kept_folder(root, entry) is None:
+                raise PendingFileError(
+                    f"{path}: {entry} links to {entry.resolve()}, outside the file's artifacts folder {root}; "
+                    "refused (nothing was sent or deleted): remove that link"
+                )
+
+
+def send_pending(
+    client: MlflowClient, path: Path, pending: Pending, run_id: str | None = None
+) -> tuple[int, BaseException | None]:
+    """Send the file's ops in order (each to `run_id` instead, when given): the number sent, and the error
+    that stopped the rest (None when all went). The file is rewritten only to drop what was sent, with the
+    header and the remaining lines exactly as they were (a `run_id` is never written into it); it goes,
+    with its artifacts folder, once everything is in. Kept copies are deleted only after the rewrite, so a
+    crash in between leaves a spare copy, never a line whose copy is gone."""
+    ops = [{**op, "run_id": run_id} for op in pending.ops] if run_id else pending.ops
+    done, error = 0, None
+    try:
+        for group in _groups(ops):
+            send(client, group)
+            done += len(group)
+    except Exception as e:  # the store refused or is away: keep what is left, report why
+        error = e
+    if done == len(ops):
+        path.unlink(missing_ok=True)
+        shutil.rmtree(artifact_root(path), ignore_errors=True)
+    elif done:
+        rest = "".join(line + "\n" for line in [pending.header_line, *pending.lines[done:]])
+        write_text_atomic(path, rest + pending.cut_text)
+    root = artifact_root(path)
+    for op in pending.ops[:done]:
+        folder = kept_folder(root, Path(op["path"])) if op["op"] == "artifact" else None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return done, error
 
 
 def write_pending(path: Path, header: dict[str, Any], ops: list[dict[str, Any]], append: bool) -> None:
     """Write (or append to) a pending file; a fresh write goes through a temporary file so a crash never
-    leaves half of one."""
+    leaves half of one. An append after a cut last line (a process died appending) drops that line first:
+    otherwise the next line would be glued to it, and a damaged line in the middle refuses the whole file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(op) for op in ops]
+    lines = "".join(json.dumps(op) + "\n" for op in ops)
     if append and path.exists():
-        with path.open("a") as f:
-            f.write("".join(line + "\n" for line in lines))
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+        if not cut:
+            with path.open("a") as f:
+                f.write(lines)
+            return
+        text = path.read_text()
+        kept = text[: text.rfind("\n") + 1]
+        log.warning(
+            "%s line %d was cut short by a process that died appending to it; that call is dropped",
+            path,
+            kept.count("\n") + 1,
+        )
+        write_text_atomic(path, kept + lines)
         return
-    write_text_atomic(path, "".join(line + "\n" for line in [json.dumps(header), *lines]))
+    write_text_atomic(path, json.dumps(header) + "\n" + lines)
 
 
 class BufferedClient:
@@ -159,7 +355,7 @@ class BufferedClient:
         self.pending_file = pending_file.absolute()
         self._max_pending = max_pending
         self._queue: deque[dict[str, Any]] = deque()
-        self._file_ops = len(read_pending(self.pending_file)[1]) if self.pending_file.exists() else 0
+        self._file_ops = len(read_pending(self.pending_file).ops) if self.pending_file.exists() else 0
         self._max_retry = max_retry_interval
         self._retry_at = 0.0
         self._backoff = min(FIRST_RETRY_S, max_retry_interval)
@@ -289,27 +485,20 @@ class BufferedClient:
         return True
 
     def _flush_file(self) -> None:
-        _, ops = read_pending(self.pending_file)
-        done = 0
-        try:
-            for group in _groups(ops):
-                send(self._client, group)
-                done += len(group)
-                for op in group:
-                    self._forget(op)
-        finally:
-            rest = ops[done:]
-            if rest:
-                write_pending(self.pending_file, self._header(), self._relative(rest), append=False)
-            else:
-                self.pending_file.unlink(missing_ok=True)
-                shutil.rmtree(self._artifact_dir(), ignore_errors=True)
-            self._file_ops = len(rest)
+        pending = read_pending(self.pending_file)
+        if pending.cut_line is not None:
+            log.warning("%s line %d was cut short by a process that died writing it; that call is lost",
+                        self.pending_file, pending.cut_line)  # fmt: skip
+        done, error = send_pending(self._client, self.pending_file, pending)
+        self._file_ops = len(pending.ops) - done
+        if error is not None:
+            raise error
 
     def _forget(self, op: dict[str, Any]) -> None:
-        """A sent artifact's kept copy is no longer needed."""
-        if op["op"] == "artifact" and self._artifact_dir() in Path(op["path"]).parents:
-            shutil.rmtree(Path(op["path"]).parent, ignore_errors=True)
+        """A sent artifact's kept copy is no longer needed: its own folder goes, nothing above it."""
+        folder = kept_folder(self._artifact_dir(), Path(op["path"])) if op["op"] == "artifact" else None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def drain(self, timeout_s: float) -> bool:
         """Try to send everything for up to timeout_s (at least once). True when nothing is left."""

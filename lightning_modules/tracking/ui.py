@@ -5,6 +5,10 @@
   once, never overwriting a user's choice. MLflow 3.17's UI, though, picks the view from its own
   GenAI / Model training switch (kept in the browser), which a link sets with `workflowType=machine_learning`;
   `ui_url` gives that link, and `python -m lightning_modules.mlflow_ui` prints it (make mlflow-ui).
+- The UI shows the store everything else uses (`resolve_tracking_uri`, lightning_modules/tracking/store.py):
+  an SQLite store is served by an `mlflow ui` started on it (`ui_plan` gives the command); a tracking server
+  already serves its own UI, so its link is printed and nothing is started. MLflow's deprecated file store
+  is refused, as everywhere in the project.
 - The runs table's Dataset column lists a run's dataset inputs. The shards are logged as one, named after
   the data directory, with the manifest's sha256 as digest (the manifest pins every shard's checksum, so
   equal digests mean equal data) and the data directory as source.
@@ -14,8 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+from lightning_modules.core.errors import UserError
+from lightning_modules.tracking import store as tracking
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -24,7 +35,13 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 DIGEST_CHARS = 16  # MLflow stores a digest of at most 36 characters
 CONTEXTS = {"fit": "training", "validate": "validation", "test": "testing"}
-UI = "http://127.0.0.1:5000"  # make mlflow-ui
+HOST, PORT = "127.0.0.1", 5000  # local only: the UI has no authentication
+UI = f"http://{HOST}:{PORT}"  # make mlflow-ui
+SERVER_SCHEMES = ("http://", "https://")
+
+
+class UiStoreError(UserError, ValueError):
+    """The tracking URI names a store the UI is not started on; the message says which to give."""
 
 
 def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
@@ -68,3 +85,59 @@ def ui_url(experiment_id: str | None, base: str = UI) -> str:
     """The UI's runs table of the experiment (or its experiment list) in the model-training view."""
     page = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
     return f"{base}/#/{page}?workflowType=machine_learning"
+
+
+@dataclass(frozen=True)
+class UiPlan:
+    """What `make mlflow-ui` does for a store: the link to open, and the `mlflow ui` to start (None when a
+    tracking server already serves the UI)."""
+
+    store: str
+    link: str
+    command: list[str] | None
+
+
+def ui_command(store: str, host: str = HOST, port: int = PORT) -> list[str]:
+    """`mlflow ui` on `store`, run by this interpreter (its environment's mlflow, whatever PATH holds)."""
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        store,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+
+
+def ui_plan(store: str | None = None, port: int = PORT) -> UiPlan:
+    """The plan for `store` (default: the project's store, resolve_tracking_uri). The store is opened once,
+    for the experiment's id in the link; one that cannot be opened raises TrackingUnreachableError."""
+    store = tracking.resolve_tracking_uri(store)
+    if store.startswith("file:") or "://" not in store:
+        raise UiStoreError(
+            f"MLFLOW_TRACKING_URI={store} is MLflow's deprecated file store, which this project never uses: "
+            "set it to sqlite:///PATH/mlflow.db or http://HOST:PORT, or unset it for ./mlruns"
+        )
+    tracking.check_reachable(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from mlflow import MlflowClient  # late and quiet: mlflow takes seconds to import, and warns doing so
+
+    with tracking.store_lock(store):
+        experiment = MlflowClient(store).get_experiment_by_name(tracking.EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else None
+    if store.startswith(SERVER_SCHEMES):
+        return UiPlan(store, ui_url(experiment_id, store.rstrip("/")), None)
+    return UiPlan(store, ui_url(experiment_id, f"http://{HOST}:{port}"), ui_command(store, port=port))
+
+
+def serve(plan: UiPlan) -> NoReturn:
+    """Become the plan's `mlflow ui` (exec: Ctrl-C and the exit status are its own)."""
+    if plan.command is None:
+        raise ValueError(f"{plan.store} is a tracking server: it serves its own UI, none is started here")
+    sys.stdout.flush()
+    os.execv(plan.command[0], plan.command)

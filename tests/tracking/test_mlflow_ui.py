@@ -1,16 +1,25 @@
 """What the MLflow UI shows, checked through the MLflow API: the experiment declares the model-training kind
-(not MLflow 3's GenAI view), and every run has the data manifest as a dataset input (the Dataset column)."""
+(not MLflow 3's GenAI view), and every run has the data manifest as a dataset input (the Dataset column).
+Which store `make mlflow-ui` shows, checked through `--dry-run` (the command it would run): the one
+MLFLOW_TRACKING_URI names, else ./mlruns; a tracking server is linked to, not served again."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from lightning_modules import mlflow_ui
 from lightning_modules.tracking import ui
 from main import main
+from tests.mlflow_server import MlflowServer
 from tests.training.test_training import args, only_run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_experiment_kind_and_dataset_input(tiny_shards: Path, mlflow_uri: str) -> None:
@@ -32,8 +41,43 @@ def test_experiment_kind_and_dataset_input(tiny_shards: Path, mlflow_uri: str) -
 
 def test_ui_link_opens_the_model_training_view(mlflow_uri: str, capsys) -> None:  # noqa: ANN001
     assert ui.ui_url("3") == "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
-    assert mlflow_ui.main() == 0  # no experiment yet: the experiment list, in the same view
-    assert capsys.readouterr().out.strip().endswith("/#/experiments?workflowType=machine_learning")
+    assert mlflow_ui.main(["--dry-run"]) == 0  # no experiment yet: the experiment list, in the same view
+    link = capsys.readouterr().out.splitlines()[0]
+    assert link == "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
+
+
+def test_the_ui_serves_the_store_tracking_uri_names(mlflow_uri: str, capsys) -> None:  # noqa: ANN001
+    assert mlflow_ui.main(["--dry-run", "--port", "5123"]) == 0
+    would_run = capsys.readouterr().out.splitlines()[-1]
+    backend = f"--backend-store-uri {mlflow_uri} --host 127.0.0.1 --port 5123"
+    assert would_run == f"would run: {sys.executable} -m mlflow ui {backend}"
+
+
+def test_without_tracking_uri_the_ui_serves_mlruns_of_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    plan = ui.ui_plan()
+    assert (
+        plan.command is not None and plan.store == f"sqlite:///{tmp_path.resolve() / 'mlruns' / 'mlflow.db'}"
+    )
+    assert plan.command[plan.command.index("--backend-store-uri") + 1] == plan.store
+
+
+@pytest.mark.slow
+def test_a_tracking_server_is_linked_to_not_served_again(mlflow_server: MlflowServer, capsys) -> None:  # noqa: ANN001
+    assert mlflow_ui.main([]) == 0  # no --dry-run: it must not start anything for a server
+    out = capsys.readouterr().out
+    assert out.startswith(f"MLflow UI: {mlflow_server.uri}/#/experiments") and "nothing started" in out
+    assert "would run" not in out and ui.ui_plan().command is None
+
+
+def test_make_mlflow_ui_is_the_command_alone() -> None:
+    makefile = (ROOT / "Makefile").read_text().splitlines()
+    start = makefile.index("mlflow-ui: $(STAMP)")
+    recipe = list(itertools.takewhile(lambda line: line.startswith("\t"), makefile[start + 1 :]))
+    assert recipe == ["\t$(PY) -m lightning_modules.mlflow_ui"]
 
 
 def test_a_users_experiment_kind_is_kept(mlflow_uri: str) -> None:
