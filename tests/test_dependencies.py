@@ -17,7 +17,8 @@ from tests.imports import Import, cycles, graph, imports_of, project_files
 MAY_IMPORT: dict[str, set[str]] = {
     "core": set(),
     "data": {"core"},
-    "model": {"core"},
+    "kernels": set(),
+    "model": {"core", "kernels"},
     "optim": {"core", "model"},
     "costs": {"core", "model", "optim"},
     "distributed": {"core", "model"},
@@ -31,7 +32,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # Third-party packages a room may not import: the model is plain torch; the cost model and the optimiser
 # know nothing of Lightning or MLflow; Lightning's internals are reached only through core/lightning_api.py.
 MAY_NOT_IMPORT: dict[str, set[str]] = {
-    "model": {"lightning", "pytorch_lightning", "mlflow", "webdataset", "jsonargparse", "pandas"},
+    "model": {"lightning", "pytorch_lightning", "mlflow", "webdataset", "jsonargparse", "pandas", "triton"},
+    "kernels": {"lightning", "pytorch_lightning", "mlflow", "webdataset", "jsonargparse", "pandas"},
     "optim": {"lightning", "pytorch_lightning", "mlflow"},
     "costs": {"lightning", "pytorch_lightning", "mlflow"},
     "analysis": {"lightning", "pytorch_lightning"},

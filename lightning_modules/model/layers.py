@@ -39,11 +39,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def _tables(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        inv_freq = 1.0 / (
+    def inv_freq(self, device: torch.device | None = None) -> Tensor:
+        """theta_i = base^(-2i / dim), fp32: the angle of pair i at position t is t * theta_i."""
+        return 1.0 / (
             self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim)
         )
-        angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)  # (T, dim/2)
+
+    def _tables(self, length: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), self.inv_freq(device))
         return angles.cos(), angles.sin()
 
     def tables(self, end: int) -> tuple[Tensor, Tensor]:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.kernels import support as fused
 from lightning_modules.model.attention.base import Attention
 from lightning_modules.model.attention.cache import TIME, LayerCache
 from lightning_modules.model.attention.kernel import attend, attention_probs, masked_softmax
@@ -180,6 +181,8 @@ class LowRankKVAttention(Attention):
         q = rope(q, start).to(acc)  # (B, T, H, dh)
         c = gain[:, None] * self.b_k.to(acc)  # C_h = diag(g) B^K_h: (H, dh, r)
         sigma = held.get("sigma")
+        if T == 1 and fused.usable(x):
+            return self._decode_fused(q, c, held, rope)
         with torch.autocast(x.device.type, enabled=False):  # autocast would lower these products to bf16
             if T * r <= dh:  # the latent form's (B, S, T, H, r) product is no larger than the keys
                 basis = rope_basis(rope, cache.length, acc)
@@ -188,6 +191,20 @@ class LowRankKVAttention(Attention):
                 scores = rebuilt_scores(q, c, held["k_rot"], held["l_k"], sigma, rope)
         a = masked_softmax(scores / math.sqrt(dh)).to(v_s.dtype)  # (B, H, T, S)
         return self._mix_values(a, held["v_s"], held["l_v"])
+
+    def _decode_fused(self, q: Tensor, c: Tensor, held: dict[str, Tensor], rope: RotaryEmbedding) -> Tensor:
+        """One query per sequence through the fused kernel (lightning_modules/kernels/lrkv_decode.py): the same
+        scores and mixtures in one pass over the compressed cache."""
+        from lightning_modules.kernels import lrkv_decode as kernel  # triton is optional: only where it runs
+
+        B, _, H, dh = q.shape
+        maps = query_maps(q, c)[:, 0]  # (B, H, dh, r)
+        mixed_v, mixed_lv = kernel.decode_step(
+            q[:, 0], maps, held["k_rot"], held.get("sigma"), held["l_k"], held["v_s"], held["l_v"],
+            rope.inv_freq(q.device), 1.0 / math.sqrt(dh),
+        )  # fmt: skip
+        y = mixed_v + torch.einsum("bhr,hdr->bhd", mixed_lv, self.b_v.float())  # (B, H, dh)
+        return self.out(y.to(self.out.weight.dtype).reshape(B, 1, H * dh))
 
     def _mix_values(self, a: Tensor, v_s: Tensor, l_v: Tensor) -> Tensor:
         """Values absorbed, exactly: a_h V_h = a_h V_s + (a_h R^V_h) (B^V_h)^T. a: (B, H, T, S); v_s: (B, S, dh);

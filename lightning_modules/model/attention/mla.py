@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_modules.kernels import support as fused
 from lightning_modules.model.attention.base import Attention, check_even
 from lightning_modules.model.attention.cache import TIME, LayerCache
 from lightning_modules.model.attention.kernel import attend
@@ -120,6 +121,16 @@ class MultiHeadLatentAttention(Attention):
         # Absorbed (DeepSeek-V2): kv_up's rows are [W^UK (H dh) | W^UV (H dh)] over d_c inputs.
         w_uk, w_uv = self.kv_up.weight.view(2, H, dh, d_c).unbind(dim=0)  # (H, dh, d_c) each
         q_latent = torch.einsum("bthj,hjc->bthc", q_c, w_uk)  # q^C_h W^UK_h^T: (B, T, H, d_c)
+        if T == 1 and fused.usable(
+            x
+        ):  # lightning_modules/kernels/mla_decode.py: one pass over the latent cache
+            from lightning_modules.kernels import (
+                mla_decode as kernel,  # triton is optional: only where it runs
+            )
+
+            query = torch.cat([q_latent, q_r], dim=-1)[:, 0].float()  # (B, H, d_c + d_R)
+            o = kernel.decode_step(query, latent, d_c, 1.0 / math.sqrt(dh + d_r)).to(q_c.dtype).unsqueeze(1)
+            return self.out(torch.einsum("bthc,hjc->bthj", o, w_uv).reshape(B, T, H * dh))
         q = torch.cat([q_latent, q_r], dim=-1).transpose(1, 2)  # (B, H, T, d_c + d_R)
         kv = latent.unsqueeze(1)  # (B, 1, S, d_c + d_R): one key head shared by all H query heads
         # Scores and scale are those of the full form: (q^C_h W^UK_h^T) . c + q^R_h . k^R = q_h . k_h.
