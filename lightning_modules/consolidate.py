@@ -6,26 +6,24 @@ What is kept and why: lightning_modules/checkpoint/consolidate.py.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-import torch
+from lightning_modules.checkpoint.consolidate import write_consolidated
+from lightning_modules.core.errors import run_entry
 
-from lightning_modules.checkpoint.consolidate import consolidate
+PROG = "python -m lightning_modules.consolidate"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("folder", type=Path, help="a checkpoint directory written by an FSDP run")
     parser.add_argument("output", type=Path, nargs="?", help="default: <folder>.consolidated.ckpt")
     args = parser.parse_args(argv)
-    output = args.output or args.folder.with_name(
-        args.folder.name.removesuffix(".ckpt") + ".consolidated.ckpt"
-    )
-    torch.save(consolidate(args.folder), output)
-    print(output)
+    return run_entry(lambda: print(write_consolidated(args.folder, args.output)), "consolidate")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

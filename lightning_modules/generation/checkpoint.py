@@ -2,7 +2,8 @@
 
 The checkpoint is the training module's Lightning checkpoint: "hyper_parameters" holds "arch" (ModelConfig
 fields) and "attention" (AttentionConfig fields), "state_dict" the decoder's weights under "model.", and
-"datamodule_hyper_parameters" the "data_dir" the run read.
+"datamodule_hyper_parameters" the "data_dir" the run read. A sharded (FSDP) checkpoint folder is read too, its
+weights gathered in memory, through the same safe reader as every command (lightning_modules/checkpoint/reader.py).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def load_model(
 ) -> tuple[Transformer, dict[str, Any]]:
     """The decoder of a Lightning checkpoint, in eval mode on `device`, and the checkpoint dict."""
     path = Path(ckpt_path)
-    if not path.is_file():
+    if not path.exists():
         raise GenerateError(f"--ckpt {path}: no such checkpoint file; give a .ckpt written by fit")
-    try:  # weights_only: a foreign file is refused, never unpickled
-        ckpt = read_checkpoint(path, "--ckpt", required=())
+    try:  # weights_only: a foreign file or folder is refused, never unpickled
+        ckpt = read_checkpoint(path, "--ckpt", required=(), weights=True)
     except UserError as exc:
         raise GenerateError(str(exc)) from exc
     try:
