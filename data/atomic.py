@@ -17,7 +17,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,13 +30,29 @@ from data.manifest import MANIFEST_NAME
 TMP_PREFIX = "."  # hidden siblings: `.name.build-*` (being built), `.name.old-*` (swapped out)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, durable: bool = False) -> None:
     """Write one file through a temporary sibling and a rename, so a crash leaves the old file or the new
-    one, never half of one."""
+    one, never half of one. `durable`: on disk before this returns (the file, then its folder's entry), for a
+    file whose presence others act on (a task's summary, followed by its completion marker)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make the renames into `folder` durable (a file's own fsync does not cover its name)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def owned_files(out: Path) -> set[str]:
@@ -90,20 +108,42 @@ def _check_writable(folder: Path, what: str) -> None:
         ) from exc
 
 
+def dataset_folder(out: Path) -> Path:
+    """Where the dataset of --out goes: a link's target, so the swap keeps the link pointing at it."""
+    return out.resolve() if out.is_symlink() else out
+
+
 @contextmanager
 def atomic_dataset(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield an empty temporary folder beside `out`; on a clean exit it becomes `out` (see module doc)."""
-    out = Path(out)
-    if out.is_symlink():  # swap at the target, so the link keeps pointing at the dataset
-        out = out.resolve()
+    out = dataset_folder(Path(out))
     check_destination(out, force)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}.build-", dir=out.parent))
     try:
-        yield tmp
+        with _terminate_as_exit():  # the build, not the swap: two renames are not cut short halfway
+            yield tmp
         swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (`kill`, a scheduler's time limit) as SystemExit for the body, so the cleanup above runs: by
+    default it ends the process on the spot and leaves the hidden build folder behind."""
+    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def swap_in(new: Path, out: Path) -> None:

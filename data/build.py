@@ -10,10 +10,12 @@ datatrove tasks is data/distributed_prepare.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from data.atomic import atomic_dataset
+from tokenizers import Tokenizer
+
+from data.atomic import atomic_dataset, check_destination, dataset_folder
 from data.corpus_tokenizer import corpus_tokenizer
 from data.errors import PrepareError
 from data.manifest import SPLITS, Manifest, dtype_for_vocab
@@ -24,6 +26,7 @@ from data.prepare_config import (
     check_nonempty,
     check_options,
     check_splits,
+    check_splits_can_fill,
     source_files,
 )
 from data.sources import SourceOptions, SourceStats
@@ -38,8 +41,17 @@ def prepare(cfg: PrepareConfig) -> Manifest:
     check_options(cfg)
     files, doc_chars = source_files(cfg)
     options = SourceOptions(cfg.text_field, cfg.text_column, cfg.errors, doc_chars)
-    with atomic_dataset(Path(cfg.out), cfg.force) as build:  # permissions checked before any work
-        manifest = _build(cfg, files, options, doc_chars, build)
+    check_splits_can_fill(cfg, files, options)  # a corpus that cannot fill a split: refused in seconds
+    check_destination(dataset_folder(Path(cfg.out)), cfg.force)  # permissions checked before any work
+
+    def documents(stats: SourceStats) -> Iterator[Document]:
+        return split_documents(files, options, cfg.val_frac, cfg.test_frac, stats)
+
+    # Trained before the build folder exists: a failure that no `finally` sees (the Rust trainer aborting
+    # the process when out of memory) then leaves nothing behind.
+    tokenizer, total_bytes = corpus_tokenizer(cfg, documents, files)
+    with atomic_dataset(Path(cfg.out), cfg.force) as build:
+        manifest = _build(cfg, files, documents, doc_chars, tokenizer, total_bytes, build)
         _verify_built(build, manifest)
     return manifest
 
@@ -53,12 +65,14 @@ def run(cfg: PrepareConfig) -> int:
 
 
 def _build(
-    cfg: PrepareConfig, files: Sequence[Path], options: SourceOptions, doc_chars: int, out: Path
+    cfg: PrepareConfig,
+    files: Sequence[Path],
+    documents: Callable[[SourceStats], Iterator[Document]],
+    doc_chars: int,
+    tokenizer: Tokenizer,
+    total_bytes: int | None,
+    out: Path,
 ) -> Manifest:
-    def documents(stats: SourceStats) -> Iterator[Document]:
-        return split_documents(files, options, cfg.val_frac, cfg.test_frac, stats)
-
-    tokenizer, total_bytes = corpus_tokenizer(cfg, documents, files)
     eot = eot_id(tokenizer, cfg.eot_token, cfg.tokenizer or "trained tokenizer")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = dtype_for_vocab(vocab_size)

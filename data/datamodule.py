@@ -35,6 +35,7 @@ from data.plan import train_batches_per_rank
 from data.streaming import EvalStream, ShardSet, TrainStream
 from data.train_position import StreamSettings, TrainPosition
 from data.verification import verify as verify_shards
+from lightning_modules.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,15 @@ class ShardDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
-            raise ValueError("batch_size and val_batch_size must be positive")
-        if (global_batch_size is not None and global_batch_size < 1) or (
-            data_slices is not None and data_slices < 1
-        ):
-            raise ValueError("global_batch_size and data_slices must be positive")
-        if num_workers < 0 or shuffle_buffer < 1:
-            raise ValueError("num_workers must be >= 0 and shuffle_buffer >= 1")
-        if verify not in ("full", "quick", "off"):
-            raise ValueError(f"verify={verify!r}: choose 'full', 'quick' or 'off'")
+        _check_options(
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+            global_batch_size=global_batch_size,
+            data_slices=data_slices,
+            num_workers=num_workers,
+            shuffle_buffer=shuffle_buffer,
+            verify=verify,
+        )
         self.data_dir = str(data_dir)
         self.manifest = Manifest.load(data_dir)
         if seq_len is not None and seq_len != self.manifest.seq_len:
@@ -305,6 +305,21 @@ class ShardDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             in_order=True,  # batch order is part of the plan
         )
+
+
+def _check_options(*, num_workers: int, verify: str, **counts: int | None) -> None:
+    """A ConfigError naming the first bad option as main.py spells it (data.<name>): the CLI reports it in
+    one line (lightning_modules/core/errors.py), and it is still a ValueError for library callers."""
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"data.{name}={value}: must be at least 1")
+    if num_workers < 0:
+        raise ConfigError(
+            f"data.num_workers={num_workers}: must be 0 (read in the training process) or a number of "
+            "loader processes per rank"
+        )
+    if verify not in ("full", "quick", "off"):
+        raise ConfigError(f"data.verify={verify!r}: choose 'full', 'quick' or 'off'")
 
 
 class _TrainLoader:

@@ -21,7 +21,10 @@ differ only by those names, `source.tasks`, and (N > 1) the layout note: with N 
 each dropping its own tail (< seq_len + 1 tokens), so up to N x seq_len more tokens are dropped per split.
 
 Restarting with the same command redoes only the tasks without a completion marker (and finished tasks whose
-input files changed size or mtime since); a different command refuses to mix with the unfinished one. A
+input files changed size or mtime since, or whose shards are missing or differ from their summary's sha256);
+a different command refuses to mix with the unfinished one. A task's shards are written to a temporary name,
+fsynced and renamed, then its summary likewise, and only then does datatrove write its marker. One command
+at a time works on an --out: a second, while the first runs, is refused in one line (data/work_lock.py). A
 failed task's error names its input file. The existing --out is replaced only after the merge verified the
 new dataset; nothing of it is deleted before.
 
@@ -45,7 +48,13 @@ from data.errors import PrepareError
 from data.manifest import Manifest
 from data.packing import Document, split_documents
 from data.parallel_options import EXECUTORS, DistributedOptions
-from data.prepare_config import DEFAULT_VOCAB, PrepareConfig, check_options, source_files
+from data.prepare_config import (
+    DEFAULT_VOCAB,
+    PrepareConfig,
+    check_options,
+    check_splits_can_fill,
+    source_files,
+)
 from data.sources import SourceOptions, SourceStats
 from data.summary import print_summary
 from data.task_executors import run_local, submit_slurm, task_threads
@@ -53,6 +62,7 @@ from data.task_merge import merge
 from data.task_plan import WorkPaths, fingerprint, invalidate_stale, start_or_resume, write_json
 from data.task_steps import PackShards, ReadDocuments
 from data.tokenizer import TOKENIZER_NAME, eot_id
+from data.work_lock import preparation_lock
 
 
 def prepare_distributed(
@@ -65,22 +75,25 @@ def prepare_distributed(
     paths_in, doc_chars = source_files(cfg)
     files = [str(f) for f in paths_in]
     _check_distributed(cfg, dist, files)
+    check_splits_can_fill(
+        cfg, paths_in, SourceOptions(cfg.text_field, cfg.text_column, cfg.errors, doc_chars)
+    )
     out = Path(cfg.out)
-    paths = WorkPaths.beside(out)
-    found = fingerprint(cfg, dist, files)
-    resumed = start_or_resume(paths, found)
-    stale = invalidate_stale(paths, dist.tasks) if resumed else []
-    if stale:
-        print(f"inputs changed since tasks {stale} finished: redoing them", file=sys.stderr)
-    _prepare_tokenizer(cfg, paths, files, doc_chars)
-    write_json(paths.run, {"fingerprint": found, "source": _manifest_source(cfg, files, doc_chars)})
-    steps = pipeline(cfg, dist, paths, files, doc_chars)
-    steps[1:1] = list(extra_steps)
-    if dist.executor == "slurm":
-        submit_slurm(steps, dist, paths, out)
-        return None
-    run_local(steps, dist, paths)
-    return merge(paths, out)
+    with preparation_lock(out):  # before the work folder is touched: one command at a time per --out
+        paths = WorkPaths.beside(out)
+        found = fingerprint(cfg, dist, files)
+        resumed = start_or_resume(paths, found)
+        for rank, reason in invalidate_stale(paths, dist.tasks) if resumed else []:
+            print(f"task {rank} finished but {reason}: redoing it", file=sys.stderr)
+        _prepare_tokenizer(cfg, paths, files, doc_chars)
+        write_json(paths.run, {"fingerprint": found, "source": _manifest_source(cfg, files, doc_chars)})
+        steps = pipeline(cfg, dist, paths, files, doc_chars)
+        steps[1:1] = list(extra_steps)
+        if dist.executor == "slurm":
+            submit_slurm(steps, dist, paths, out)
+            return None
+        run_local(steps, dist, paths)
+        return merge(paths, out)
 
 
 def run_distributed(cfg: PrepareConfig, dist: DistributedOptions) -> int:

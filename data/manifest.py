@@ -123,6 +123,8 @@ class Manifest:
             problems.append(f"eot_id {self.eot_id} outside the vocabulary of {self.vocab_size}")
         if self.seq_len < 1:
             problems.append(f"seq_len {self.seq_len} < 1")
+        if not is_plain_name(self.tokenizer):
+            problems.append(f"tokenizer {self.tokenizer!r} is not a plain file name in the data folder")
         for name in SPLITS:
             if name not in self.splits:
                 problems.append(f"split {name!r} missing")
@@ -136,6 +138,12 @@ class Manifest:
                     f"{name}: shard tokens sum to {sum(s.tokens for s in split.shards)}, not {split.tokens}"
                 )
             for shard in split.shards:
+                if not is_plain_name(shard.path):
+                    problems.append(
+                        f"{name} shard {shard.path!r} is not a plain file name in the data folder (a manifest "
+                        "names only files beside it; this one was edited or not written by data.prepare)"
+                    )
+                    continue
                 if shard.tokens != shard.samples * self.seq_len:
                     problems.append(
                         f"{shard.path}: tokens {shard.tokens} != samples {shard.samples} x seq_len"
@@ -147,6 +155,18 @@ class Manifest:
         if name not in self.splits:
             raise ManifestError(f"no split {name!r} in the manifest (has {sorted(self.splits)})")
         return self.splits[name]
+
+
+def is_plain_name(name: object) -> bool:
+    """A file name with no folder part: readers open <data folder>/<name> and nothing outside it."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and name not in (".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
 
 
 def _split_rank(name: str) -> tuple[int, str]:

@@ -47,15 +47,20 @@ def decode_npy(payload: bytes) -> np.ndarray:
 def write_shard(path: Path, first_index: int, samples: Sequence[np.ndarray]) -> str:
     """Write samples as one tar; return its sha256. Same samples -> same bytes (fixed metadata, order)."""
     tmp = path.with_name(path.name + ".tmp")
-    # USTAR with zeroed owner and mtime: nothing about the machine or the clock enters the file.
-    with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for offset, sample in enumerate(samples):
-            payload = encode_npy(sample)
-            info = tarfile.TarInfo(f"{sample_key(first_index + offset)}.{SAMPLE_FIELD}")
-            info.size, info.mtime, info.mode = len(payload), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(payload))
+    with open(tmp, "wb") as raw:
+        # USTAR with zeroed owner and mtime: nothing about the machine or the clock enters the file.
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for offset, sample in enumerate(samples):
+                payload = encode_npy(sample)
+                info = tarfile.TarInfo(f"{sample_key(first_index + offset)}.{SAMPLE_FIELD}")
+                info.size, info.mtime, info.mode = len(payload), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(payload))
+        # on disk before its name: what records the shard as written (a task's summary and completion
+        # marker, data/task_steps.py) must never outlive the shard's bytes in a crash
+        raw.flush()
+        os.fsync(raw.fileno())
     digest = sha256_file(tmp)
     os.replace(tmp, path)  # a shard appears whole or not at all
     return digest

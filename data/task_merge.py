@@ -140,8 +140,8 @@ def _verify_shards(directory: Path, shards: Sequence[ShardInfo]) -> None:
         problems = [p for p in pool.map(problem, shards) if p]
     if problems:
         raise PrepareError(
-            f"{len(problems)} task shard(s) damaged since written, e.g. {problems[0]}; delete the work folder's "
-            "completions of their tasks (logs/completions/<task>) and rerun the same command"
+            f"{len(problems)} task shard(s) damaged since written, e.g. {problems[0]}; rerun the same command: "
+            "it redoes the tasks whose shards are missing or damaged"
         )
 
 

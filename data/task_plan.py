@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,8 @@ def file_stats(paths: Sequence[str]) -> list[list[Any]]:
     return out
 
 
-def write_json(path: Path, value: Any) -> None:
-    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+def write_json(path: Path, value: Any, durable: bool = False) -> None:
+    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
 def clear_task(paths: WorkPaths, rank: int) -> None:
@@ -144,18 +145,36 @@ def _differences(previous: dict[str, Any], fingerprint: dict[str, Any]) -> list[
     return differs
 
 
-def invalidate_stale(paths: WorkPaths, tasks: int) -> list[int]:
-    """Drop the completion marker of tasks whose summary is missing or whose input files changed since."""
+def invalidate_stale(paths: WorkPaths, tasks: int) -> list[tuple[int, str]]:
+    """Drop the completion marker (and summary) of finished tasks that must be redone: summary missing or
+    unreadable, input files changed since, or a shard missing or not the bytes its summary recorded (a crash
+    or another process got at it). (rank, why) for each."""
+    finished = [rank for rank in range(tasks) if paths.completion(rank).exists()]
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashing releases the GIL
+        reasons = list(pool.map(lambda rank: _why_stale(paths, rank), finished))
     stale = []
-    for rank in range(tasks):
-        if not paths.completion(rank).exists():
-            continue
-        try:
-            summary = json.loads(paths.summary(rank).read_text(encoding="utf-8"))
-            fresh = summary["files"] == file_stats([f[0] for f in summary["files"]])
-        except (OSError, ValueError, KeyError):
-            fresh = False
-        if not fresh:
+    for rank, reason in zip(finished, reasons, strict=True):
+        if reason is not None:
             paths.completion(rank).unlink()
-            stale.append(rank)
+            paths.summary(rank).unlink(missing_ok=True)
+            stale.append((rank, reason))
     return stale
+
+
+def _why_stale(paths: WorkPaths, rank: int) -> str | None:
+    """Why finished task `rank` cannot be kept (None: it can)."""
+    try:
+        summary = json.loads(paths.summary(rank).read_text(encoding="utf-8"))
+        if summary["files"] != file_stats([f[0] for f in summary["files"]]):
+            return "its input files changed since"
+        shards = [shard for split in SPLITS for shard in summary["splits"][split]["shards"]]
+        names = [(str(shard["path"]), str(shard["sha256"])) for shard in shards]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return f"its summary {paths.summary(rank)} is missing or unreadable"
+    for name, sha256 in names:
+        path = paths.dataset / name
+        if Path(name).name != name or not path.is_file():
+            return f"its shard {path} is missing"
+        if sha256_file(path) != sha256:
+            return f"its shard {path} differs from what the task wrote (sha256)"
+    return None

@@ -12,6 +12,7 @@ from pathlib import Path
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from data.atomic import fsync_dir
 from data.errors import DataError, PrepareError
 from data.manifest import SPLITS, SplitInfo, dtype_for_vocab
 from data.packing import SplitWriter, encode, split_of
@@ -116,6 +117,10 @@ class PackShards(PipelineStep):
                 f"task {rank} of {world_size} failed at {current[0]} ({type(exc).__name__}: {exc})"
             ) from exc
         splits = {name: writer.close() for name, writer in writers.items()}
+        # Each shard's bytes are on disk (data/shards.py); their names too once the folder is synced. Then
+        # the summary, durably; datatrove writes the completion marker only after this step returns, so a
+        # marker never stands beside a shard a crash could still lose.
+        fsync_dir(paths.dataset)
         self._write_summary(paths, rank, world_size, splits)
         for name, info in splits.items():
             self.stat_update(f"{name}_samples", value=info.samples)
@@ -138,6 +143,7 @@ class PackShards(PipelineStep):
                 "empty_documents": stats.empty_documents,
                 "replaced_files": stats.replaced_files,
             },
+            durable=True,
         )
 
 

@@ -2,7 +2,8 @@
 
     python -m data.verify artifacts/shakespeare [--quick]
 
-Exit 0 when everything agrees; otherwise 1 with one line per bad shard ("<path>: <what is wrong>").
+Exit 0 when everything agrees; otherwise 1 with one line per bad shard ("<path>: <what is wrong>"), or one
+`data.verify: error: ...` line when manifest.json itself cannot be read.
 --quick checks presence, sha256 and the tar's member count without decoding the samples.
 The checks are in data/verification.py.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data.verification import verify_folder
+from lightning_modules.core.errors import run_entry
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help="folder holding manifest.json")
     parser.add_argument("--quick", action="store_true", help="sha256 and sample counts only")
     args = parser.parse_args(argv)
-    return verify_folder(args.directory, args.quick)
+    return run_entry(lambda: verify_folder(args.directory, args.quick), "data.verify", code=1)
 
 
 if __name__ == "__main__":

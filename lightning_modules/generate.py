@@ -68,7 +68,7 @@ def _generate(args: argparse.Namespace) -> int:
                 f"{model.config.vocab_size}: not the tokenizer this checkpoint was trained with"
             )
         prompt_ids = [eot_id] + tokenizer.encode(args.prompt).ids
-        check_lengths(model, len(prompt_ids), args.max_new_tokens)  # before any text is printed
+        check_lengths(model, len(prompt_ids), args.max_new_tokens, added=1)  # before any text is printed
         sys.stdout.write(args.prompt)
         stream = TextStream(tokenizer, prompt_ids, sys.stdout)
         start = time.perf_counter()

@@ -16,14 +16,18 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
-from lightning_modules.core.errors import ConfigError
+import yaml
+
+from lightning_modules.core.errors import ConfigError, run_entry
 from lightning_modules.core.fragments import fragment
 from lightning_modules.costs import memory
 from lightning_modules.costs.counts import cost_row, default_rows
 from lightning_modules.costs.fits import fits_table, format_fits, recipe_batch
 from lightning_modules.costs.table import format_table
-from lightning_modules.model.attention import load_configs
+from lightning_modules.model.attention import AttentionConfig, load_configs
+from lightning_modules.model.config import ModelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="YAML fragment(s) as given to main.py, composed in order",
     )
-    parser.add_argument("--context", type=int, default=None, help="decode context length (default: seq_len)")
+    parser.add_argument(
+        "--context", type=positive_int, default=None, help="decode context length (default: seq_len)"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument(
         "--memory", action="store_true", help="per-rank memory plan (lightning_modules/costs/memory.py)"
@@ -48,16 +54,56 @@ def main(argv: list[str] | None = None) -> int:
         return memory_main(args.config, rest, args.json)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    try:
-        if args.config:
-            rows = [cost_row(*load_configs(args.config), args.context)]
-        else:
-            rows = default_rows(args.context)
-    except (ConfigError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_entry(lambda: _cost_rows(args), parser.prog)
+
+
+def _cost_rows(args: argparse.Namespace) -> int:
+    if args.config:
+        rows = [cost_row(*_load_configs(args.config), args.context)]
+    else:
+        rows = default_rows(args.context)
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a count where 0 would otherwise quietly mean "the default"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1 (leave the option out for its default)")
+    return value
+
+
+def _load_configs(paths: list[str]) -> tuple[ModelConfig, AttentionConfig]:
+    """load_configs with a missing file or YAML that is not plain data (a !!python tag, a syntax error) as
+    one ConfigError naming the file, like main.py's --config."""
+    try:
+        return load_configs(paths)
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename or paths}: cannot read ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_problem(paths, exc)) from exc
+
+
+def _yaml_problem(paths: list[str], exc: yaml.YAMLError) -> str:
+    """Which --config file holds the YAML error, and where (the loader itself saw only a string)."""
+    for path in paths:
+        try:
+            yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as found:
+            exc = found
+            break
+    else:
+        path = ", ".join(paths)
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return (
+        f"{path}: not plain YAML{where} ({problem}); --config takes data only: no !!python tags, fix the file"
+    )
 
 
 def memory_main(config: list[str], argv: list[str], as_json: bool) -> int:
@@ -68,12 +114,14 @@ def memory_main(config: list[str], argv: list[str], as_json: bool) -> int:
         "--attention", default="mha", help="a conf/attention fragment (ignored with --config)"
     )
     parser.add_argument("--strategy", choices=memory.STRATEGIES, default="single")
-    parser.add_argument("--world", type=int, default=1, help="ranks in all")
-    parser.add_argument("--nodes", type=int, default=1, help="nodes (hybrid sharding shards within a node)")
+    parser.add_argument("--world", type=positive_int, default=1, help="ranks in all")
     parser.add_argument(
-        "--micro-batch", type=int, default=None, help="sequences per rank (default: recipe's)"
+        "--nodes", type=positive_int, default=1, help="nodes (hybrid sharding shards within a node)"
     )
-    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument(
+        "--micro-batch", type=positive_int, default=None, help="sequences per rank (default: recipe's)"
+    )
+    parser.add_argument("--seq-len", type=positive_int, default=None)
     parser.add_argument("--precision", choices=memory.PRECISIONS, default="bf16-mixed")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--optimizer", choices=memory.OPTIMIZERS, default="muon")
@@ -82,30 +130,30 @@ def memory_main(config: list[str], argv: list[str], as_json: bool) -> int:
         "--fits", action="store_true", help="which paper runs fit on 8 x 80 GB and 8 x 141 GB"
     )
     args = parser.parse_args(argv)
-    try:
-        if args.fits:
-            rows = fits_table()
-            print(json.dumps(rows, indent=1) if as_json else format_fits(rows))
-            return 0
-        model, attention = load_configs(
-            config or [fragment("model", args.size), fragment("attention", args.attention)]
-        )
-        if args.seq_len:
-            model = dataclasses.replace(model, seq_len=args.seq_len)
-        setup = memory.Setup(
-            strategy=args.strategy,
-            world=args.world,
-            nodes=args.nodes,
-            micro_batch=args.micro_batch or recipe_batch(model.name)[0],
-            precision=args.precision,
-            activation_checkpointing=args.activation_checkpointing,
-            optimizer=args.optimizer,
-            reshard_after_forward=not args.keep_gathered,
-        )
-        result = memory.plan(model, attention, setup)
-    except (ConfigError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_entry(lambda: _memory_plan(config, args, as_json), parser.prog)
+
+
+def _memory_plan(config: list[str], args: argparse.Namespace, as_json: bool) -> int:
+    if args.fits:
+        rows = fits_table()
+        print(json.dumps(rows, indent=1) if as_json else format_fits(rows))
+        return 0
+    model, attention = _load_configs(
+        config or [str(fragment("model", args.size)), str(fragment("attention", args.attention))]
+    )
+    if args.seq_len is not None:
+        model = dataclasses.replace(model, seq_len=args.seq_len)
+    setup = memory.Setup(
+        strategy=args.strategy,
+        world=args.world,
+        nodes=args.nodes,
+        micro_batch=args.micro_batch if args.micro_batch is not None else recipe_batch(model.name)[0],
+        precision=args.precision,
+        activation_checkpointing=args.activation_checkpointing,
+        optimizer=args.optimizer,
+        reshard_after_forward=not args.keep_gathered,
+    )
+    result = memory.plan(model, attention, setup)
     print(
         json.dumps(result.as_dict(), indent=1)
         if as_json

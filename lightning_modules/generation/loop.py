@@ -43,9 +43,10 @@ def sample_next(logits: Tensor, sampling: Sampling, generator: torch.Generator |
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def check_lengths(model: Transformer, prompt_tokens: int, max_new_tokens: int) -> None:
+def check_lengths(model: Transformer, prompt_tokens: int, max_new_tokens: int, added: int = 0) -> None:
     """Generation stays within the context the model was trained for: RoPE positions beyond seq_len were never
-    seen in training (and the caches are sized for prompt + new tokens)."""
+    seen in training (and the caches are sized for prompt + new tokens). `added`: of the prompt's tokens, those
+    the caller put before the user's text (the end-of-text token, lightning_modules/generate.py)."""
     seq_len = model.config.seq_len
     if prompt_tokens < 1:
         raise ValueError(
@@ -53,6 +54,13 @@ def check_lengths(model: Transformer, prompt_tokens: int, max_new_tokens: int) -
         )
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 0")
+    if prompt_tokens >= seq_len:  # no room for even one new token; the cache has no sliding window
+        plus = f" (+{added} end-of-text token before it)" if added else ""
+        raise ValueError(
+            f"the prompt is {prompt_tokens - added} tokens{plus} and the model's context is seq_len={seq_len}: "
+            f"shorten the prompt to at most {seq_len - 1 - added} tokens to leave room for new ones "
+            "(generation keeps the whole prompt in the context; there is no sliding window)"
+        )
     if prompt_tokens + max_new_tokens > seq_len:
         raise ValueError(
             f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context "

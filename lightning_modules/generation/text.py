@@ -22,10 +22,16 @@ def load_tokenizer(data_dir: str | Path) -> tuple[Tokenizer, int]:
         )
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        tokenizer_path = Path(data_dir) / manifest["tokenizer"]
+        name = manifest["tokenizer"]
+        tokenizer_path = Path(data_dir) / name
         eot_id = int(manifest["eot_id"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise GenerateError(f"{manifest_path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        # the same rule as data/manifest.py's readers: nothing outside the data folder is opened
+        raise GenerateError(
+            f"{manifest_path}: tokenizer {name!r} is not a plain file name in {data_dir}; fix the manifest"
+        )
     if not tokenizer_path.is_file():
         raise GenerateError(f"{tokenizer_path}: tokenizer named by {manifest_path} is missing")
     try:
