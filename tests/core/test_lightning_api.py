@@ -29,8 +29,15 @@ def test_sharded_checkpoint_internals(tmp_path: Path) -> None:
     """A directory written by torch.distributed.checkpoint plus Lightning's metadata file, as
     ModelParallelStrategy writes it, loads back whole through the loader, metadata included."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import default_planner, filesystem, state_dict_loader
+    from torch.distributed.checkpoint._traverse import set_element
 
-    assert parameters(load._load_distributed_checkpoint) == ["checkpoint_folder"]
+    # The torch internals the safe reader stands on (lightning_modules/core/lightning_api.py).
+    assert "no_dist" in parameters(state_dict_loader._load_state_dict)
+    assert "keys" in parameters(default_planner._EmptyStateDictLoadPlanner.__init__)
+    assert parameters(set_element)[:3] == ["root_dict", "path", "value"]
+    assert {"relative_path", "offset", "length"} <= set(filesystem._StorageInfo.__dataclass_fields__)
+    assert load._METADATA_FILENAME == lightning_api.METADATA_FILENAME
     folder = tmp_path / "step.ckpt"
     weights = {"model": {"w": torch.arange(6.0).view(2, 3)}}
     dcp.save(weights, checkpoint_id=folder)
