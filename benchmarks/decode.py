@@ -2,6 +2,7 @@
 
     python benchmarks/decode.py --size nano --json                  # every attention, default contexts
     python benchmarks/decode.py --size 20m --context 256 1024 4096  # a markdown table instead of JSON
+    python benchmarks/decode.py --attention mha mla lrkv --all-paths --batch 8 --context 4096 --threads 1
 
 For each attention of the size (its per-size knobs from conf/model/*.yaml):
 - fidelity: an fp32 generation (a prefill, then single-token steps) against one full forward over the same
@@ -18,6 +19,11 @@ For each attention of the size (its per-size knobs from conf/model/*.yaml):
   same single-token steps, and the baseline just before them (model + filled caches + runtime). CUDA:
   max_memory_allocated and memory_allocated; CPU: the process's peak resident set (VmHWM, reset through
   /proc/self/clear_refs) and its resident set (VmRSS), which include Python and torch themselves.
+Arms: each attention's default decode path; with --all-paths every path it offers (lrkv: absorbed, rebuilt,
+materialized; mla: absorbed, rebuilt), each timed on the same model; on CUDA, where a fused Triton kernel runs
+(lightning_modules/kernels/), also the plain-torch path beside it ("plain"). Every speed row carries its
+roofline: the bytes a step must read (the filled cache of the arm's path plus the weights) and its FLOPs
+(costs.decode_flops_per_token, the default path's matrix products), so FLOP/byte says which bound a row sits on.
 The device is auto-detected (CUDA when available); the weights are bf16 where the hardware has native bf16,
 else fp32 (lightning_modules/core/precision.py; --precision overrides). Fidelity is measured in fp32 everywhere.
 """
@@ -25,8 +31,10 @@ else fp32 (lightning_modules/core/precision.py; --precision overrides). Fidelity
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -40,6 +48,7 @@ import torch
 
 from lightning_modules.core import precision
 from lightning_modules.costs import counts as costs
+from lightning_modules.kernels import support as fused
 from lightning_modules.model.attention import AttentionConfig, names
 from lightning_modules.model.attention.cache import LayerCache, caches_nbytes
 from lightning_modules.model.config import ModelConfig
@@ -75,12 +84,13 @@ def peak_bytes(device: torch.device) -> int:
 
 def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """In a child process: one attention's model and caches at one context; peak over the timed steps."""
-    kind, context = args.memory_probe[0], int(args.memory_probe[1])
+    kind, path, plain = parse_arm(args.memory_probe[0])
+    context = int(args.memory_probe[1])
     model, attention = costs.load_configs(
         [costs.fragment("model", args.size), costs.fragment("attention", kind)]
     )
     net = build(model, attention, device, args.seed).to(run_dtype(args, device))
-    step = prepare_steps(net, context, args.batch, args.chunk, device)
+    step = prepare_steps(net, context, args.batch, args.chunk, device, path, plain)
     timed(step, 3, device)
     baseline = reset_peak(device)
     timed(step, args.steps, device)
@@ -159,15 +169,37 @@ def cache_bytes(net: Transformer, tokens: torch.Tensor, prefill: int) -> dict[st
     }
 
 
+@contextlib.contextmanager
+def plain_torch(plain: bool):  # noqa: ANN201
+    """Within: the plain-torch decode even where a fused kernel could run (kernels/support.py's switch)."""
+    before = os.environ.get(fused.MODE_ENV)
+    if plain:
+        os.environ[fused.MODE_ENV] = "0"
+    try:
+        yield
+    finally:
+        if plain:
+            if before is None:
+                os.environ.pop(fused.MODE_ENV, None)
+            else:
+                os.environ[fused.MODE_ENV] = before
+
+
 def prepare_steps(
-    net: Transformer, context: int, batch: int, chunk: int, device: torch.device
+    net: Transformer,
+    context: int,
+    batch: int,
+    chunk: int,
+    device: torch.device,
+    path: str | None = None,
+    plain: bool = False,
 ) -> Callable[[], None]:
-    """Caches filled with context - 1 random tokens (prefilled in chunks, which bound the prefill's memory) and
-    a step that decodes one token attending to `context` positions, then rewinds the caches by one position so
-    that every timed step runs at the same context."""
+    """Caches of decode path `path` filled with context - 1 random tokens (prefilled in chunks, which bound the
+    prefill's memory) and a step that decodes one token attending to `context` positions, then rewinds the caches
+    by one position so that every timed step runs at the same context. `plain`: no fused kernel."""
     gen = torch.Generator(device="cpu").manual_seed(context)
     tokens = torch.randint(0, net.config.vocab_size, (batch, context), generator=gen).to(device)
-    caches = net.new_caches(batch, context)
+    caches = net.new_caches(batch, context, path=path)
     held = context - 1
     with torch.inference_mode():
         for start in range(0, held, chunk):
@@ -176,7 +208,8 @@ def prepare_steps(
 
     @torch.inference_mode()
     def step() -> None:
-        net.decode(step_token, caches)
+        with plain_torch(plain):
+            net.decode(step_token, caches)
         for cache in caches:
             cache.length = held
 
@@ -196,38 +229,76 @@ def timed(step: Callable[[], None], steps: int, device: torch.device) -> tuple[f
 
 
 def decode_speed(
-    nets: dict[str, Transformer], context: int, args: argparse.Namespace, device: torch.device
-) -> dict[str, dict[str, Any]]:
-    """Tokens/s of single-token steps at `context` for every attention, timed round-robin (on a shared
-    machine, noise then hits all alike), and each one's peak memory in a child process (measure_memory)."""
-    steps = {kind: prepare_steps(net, context, args.batch, args.chunk, device) for kind, net in nets.items()}
-    times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in steps}
+    nets: dict[str, Transformer], arms: dict[str, tuple[str, str | None, bool]], context: int,
+    args: argparse.Namespace, device: torch.device,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Tokens/s of single-token steps at `context` for every arm, timed round-robin (on a shared machine,
+    noise then hits all alike), each with its roofline, and each one's peak memory in a child process."""
+    steps = {
+        arm: prepare_steps(nets[kind], context, args.batch, args.chunk, device, path, plain)
+        for arm, (kind, path, plain) in arms.items()
+    }
+    times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in steps}
     for repeat in range(args.repeats + 1):  # the first round warms up and is not counted
-        for kind, step in steps.items():
+        for arm, step in steps.items():
             seconds = timed(step, args.steps, device)
             if repeat:
-                times[kind].append(seconds)
+                times[arm].append(seconds)
     out = {}
-    for kind, step in steps.items():
-        seconds = statistics.median(wall for wall, _ in times[kind])
-        cpu_seconds = statistics.median(cpu for _, cpu in times[kind])
-        flops = costs.decode_flops_per_token(nets[kind].config, nets[kind].resolved, context)
-        out[kind] = {
+    for arm, step in steps.items():
+        net = nets[arms[arm][0]]
+        seconds = statistics.median(wall for wall, _ in times[arm])
+        cpu_seconds = statistics.median(cpu for _, cpu in times[arm])
+        flops = costs.decode_flops_per_token(net.config, net.resolved, context)
+        cache = caches_nbytes(step.caches)  # type: ignore[attr-defined]
+        weights = sum(p.nbytes for p in net.parameters())
+        step_bytes = cache + weights  # a step reads every filled cache position once, and every weight
+        out[arm] = {
             "context": context,
             "batch": args.batch,
             "tokens_per_s": args.batch * args.steps / seconds,
             "ms_per_step": 1000 * seconds / args.steps,
-            "tokens_per_cpu_s": args.batch
-            * args.steps
-            / cpu_seconds,  # per second of this process's CPU time
+            "tokens_per_cpu_s": args.batch * args.steps / cpu_seconds,  # per second of this process's CPU
             "decode_flops_per_token": flops,
             "achieved_gflops": args.batch * args.steps * flops / seconds / 1e9,
-            "run_cache_bytes": caches_nbytes(step.caches),  # type: ignore[attr-defined]
-            "weights_bytes": sum(p.nbytes for p in nets[kind].parameters()),
+            "run_cache_bytes": cache,
+            "weights_bytes": weights,
+            "step_bytes": step_bytes,
+            "step_flops": args.batch * flops,
+            "flop_per_byte": args.batch * flops / step_bytes,
+            "achieved_gb_per_s": args.steps * step_bytes / seconds / 1e9,
         }
         if args.memory:
-            out[kind].update(measure_memory(args, kind, context))
+            out[arm].update(measure_memory(args, arm, context))
     return out
+
+
+def parse_arm(arm: str) -> tuple[str, str | None, bool]:
+    """'lrkv' -> (lrkv, default path, fused where possible); 'lrkv:rebuilt'; 'lrkv:absorbed:plain'."""
+    kind, path, plain = (arm.split(":") + [None, None])[:3]
+    return kind, path or None, plain == "plain"
+
+
+def arms_of(
+    net: Transformer, kind: str, all_paths: bool, device: torch.device
+) -> dict[str, tuple[str, str | None, bool]]:
+    """{arm name: (kind, path, plain)} for one attention: its default path, or every path it offers; on CUDA
+    each path that has a fused kernel also without it."""
+    variant = type(net.blocks[0].attn)
+    paths = variant.decode_paths if all_paths else variant.decode_paths[:1]
+    arms: dict[str, tuple[str, str | None, bool]] = {}
+    for i, path in enumerate(paths):
+        name = kind if i == 0 else f"{kind}:{path}"
+        arms[name] = (kind, None if i == 0 else path, False)
+        if i == 0 and device.type == "cuda" and kind in ("lrkv", "mla") and fused.triton_installed():
+            arms[f"{kind}:{path}:plain"] = (kind, None, True)
+    return arms
+
+
+def arm_label(label: str, arm: str) -> str:
+    """The attention's label, with the path (and 'plain') of a non-default arm: lrkv-r8 (rebuilt)."""
+    extra = arm.split(":")[1:]
+    return f"{label} ({', '.join(extra)})" if extra else label
 
 
 # ----- driver --------------------------------------------------------------------------------------------
@@ -250,6 +321,7 @@ def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
     dtype = run_dtype(args, device)
     contexts = args.context or (GPU_CONTEXTS if device.type == "cuda" else CPU_CONTEXTS)
     nets: dict[str, Transformer] = {}
+    arms: dict[str, tuple[str, str | None, bool]] = {}
     common: dict[str, dict[str, Any]] = {}
     for kind in args.attention:
         model, attention = costs.load_configs(
@@ -270,14 +342,18 @@ def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
         }
         nets[kind] = net.to(dtype)
         common[kind].update(cache_bytes(nets[kind], tokens, n // 2))
+        arms.update(arms_of(net, kind, args.all_paths, device))
     rows = []
     for context in contexts:
-        for kind, speed in decode_speed(nets, context, args, device).items():
-            rows.append({**common[kind], **speed})
+        for arm, speed in decode_speed(nets, arms, context, args, device).items():
+            kind = arms[arm][0]
+            rows.append(
+                {**common[kind], "arm": arm, "arm_label": arm_label(common[kind]["label"], arm), **speed}
+            )
             memory = f", peak {speed['peak_memory_bytes'] / 2**20:.1f} MiB" if args.memory else ""
             print(
-                f"{kind:>5} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s, "
-                f"{speed['tokens_per_cpu_s']:9.1f} tok/CPU-s{memory}",
+                f"{arm:>18} S={context:>6}: {speed['tokens_per_s']:9.1f} tok/s, "
+                f"{speed['tokens_per_cpu_s']:9.1f} tok/CPU-s, {speed['flop_per_byte']:6.1f} FLOP/B{memory}",
                 flush=True,
                 file=sys.stderr,
             )
@@ -300,22 +376,33 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['cache_bytes_per_token']:,} | {100 * r['cache_vs_mha']:.1f} % | "
             f"{r['max_abs_logit_diff_vs_full']:.1e} | {r['logit_std']:.2f} |"
         )
+    arms = list(dict.fromkeys(r["arm_label"] for r in rows))
     contexts = sorted({r["context"] for r in rows})
     for key, title in (("tokens_per_s", "tokens/s (wall)"), ("tokens_per_cpu_s", "tokens per CPU-second")):
         lines += ["", f"| {title} | " + " | ".join(f"S={c}" for c in contexts) + " |"]
         lines.append("|---" * (len(contexts) + 1) + "|")
-        for k in kinds:
-            speed = {r["context"]: r[key] for r in rows if r["attention"] == k}
-            lines.append(f"| {first[k]['label']} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
+        for arm in arms:
+            speed = {r["context"]: r[key] for r in rows if r["arm_label"] == arm}
+            lines.append(f"| {arm} | " + " | ".join(f"{speed[c]:.0f}" for c in contexts) + " |")
+    lines += [
+        "",
+        "| roofline per step | S | MB read (cache + weights) | MFLOP | FLOP/byte | GB/s achieved | GFLOP/s achieved |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['arm_label']} | {r['context']} | {r['step_bytes'] / 1e6:.2f} | {r['step_flops'] / 1e6:.1f} | "
+            f"{r['flop_per_byte']:.2f} | {r['achieved_gb_per_s']:.2f} | {r['achieved_gflops']:.2f} |"
+        )
     if all("peak_memory_bytes" in r for r in rows):
         lines += [
             "",
             f"| peak MiB ({rows[0]['peak_memory_kind']}) | " + " | ".join(f"S={c}" for c in contexts) + " |",
         ]
         lines.append("|---" * (len(contexts) + 1) + "|")
-        for k in kinds:
-            peak = {r["context"]: r["peak_memory_bytes"] / 2**20 for r in rows if r["attention"] == k}
-            lines.append(f"| {first[k]['label']} | " + " | ".join(f"{peak[c]:.1f}" for c in contexts) + " |")
+        for arm in arms:
+            peak = {r["context"]: r["peak_memory_bytes"] / 2**20 for r in rows if r["arm_label"] == arm}
+            lines.append(f"| {arm} | " + " | ".join(f"{peak[c]:.1f}" for c in contexts) + " |")
     return "\n".join(lines)
 
 
@@ -333,6 +420,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--check-tokens", type=int, default=128, help="tokens of the fidelity/cache generation"
     )
+    parser.add_argument(
+        "--all-paths",
+        action="store_true",
+        help="time every decode path of each attention, not only its default",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     precision.add_flag(parser)
@@ -340,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-memory", dest="memory", action="store_false", help="skip the peak-memory child processes"
     )
-    parser.add_argument("--memory-probe", nargs=2, metavar=("KIND", "CONTEXT"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-probe", nargs=2, metavar=("ARM", "CONTEXT"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--json", action="store_true", help="print the rows as JSON instead of markdown tables"
     )

@@ -355,3 +355,15 @@ def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["measured_cache_bytes"] == r["formula_cache_bytes"] == r["cache_bytes_per_token"] * 24
         assert r["run_cache_bytes"] == 4 * r["cache_bytes_per_token"] * 16 // 2  # fp32 caches of 16 positions
         assert r["max_abs_logit_diff_vs_full"] < 1e-4 and r["tokens_per_s"] > 0 and r["context"] == 16
+        assert r["step_bytes"] == r["run_cache_bytes"] + r["weights_bytes"]
+        assert r["flop_per_byte"] == pytest.approx(r["step_flops"] / r["step_bytes"])
+    bench.main([*tiny, "--json", "--no-memory", "--attention", "lrkv", "mla", "--all-paths"])
+    out = capsys.readouterr().out
+    rows = {r["arm"]: r for r in json.loads(out)}
+    assert list(rows) == ["lrkv", "lrkv:rebuilt", "lrkv:materialized", "mla", "mla:rebuilt"]
+    assert rows["lrkv:rebuilt"]["arm_label"] == "lrkv-r8 (rebuilt)"
+    # Each arm reads its own path's cache: the rebuilt one holds no 1 / rms, the materialised one MHA's K/V.
+    per_position = {arm: r["run_cache_bytes"] // (4 * 16) for arm, r in rows.items()}  # fp32, 16 positions
+    m = nano_model()
+    assert per_position["lrkv"] == per_position["lrkv:rebuilt"] + m.n_layer * m.n_head
+    assert per_position["lrkv:materialized"] == m.n_layer * 2 * m.n_head * m.head_dim
