@@ -23,7 +23,8 @@ Arms: each attention's default decode path; with --all-paths every path it offer
 materialized; mla: absorbed, rebuilt), each timed on the same model; on CUDA, where a fused Triton kernel runs
 (lightning_modules/kernels/), also the plain-torch path beside it ("plain"). Every speed row carries its
 roofline: the bytes a step must read (the filled cache of the arm's path plus the weights) and its FLOPs
-(costs.decode_flops_per_token, the default path's matrix products), so FLOP/byte says which bound a row sits on.
+(the matrix products of one step of that arm, counted by torch's FLOP counter), so FLOP/byte says which bound a
+row sits on.
 The device is auto-detected (CUDA when available); the weights are bf16 where the hardware has native bf16,
 else fp32 (lightning_modules/core/precision.py; --precision overrides). Fidelity is measured in fp32 everywhere.
 """
@@ -45,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_modules.core import precision
 from lightning_modules.costs import counts as costs
@@ -217,6 +220,15 @@ def prepare_steps(
     return step
 
 
+def counted_flops(step: Callable[[], None], plain: Callable[[], Any]) -> int:
+    """The matrix-product FLOPs of one step of this arm, counted by torch (the path's own work: a rebuilt path's
+    rebuild included), under SDPA's math backend and without fused kernels, which the counter cannot see."""
+    counter = FlopCounterMode(display=False)
+    with plain(), sdpa_kernel(SDPBackend.MATH), counter:
+        step()
+    return counter.get_total_flops()
+
+
 def timed(step: Callable[[], None], steps: int, device: torch.device) -> tuple[float, float]:
     """(wall seconds, this process's CPU seconds) for `steps` steps. On a shared CPU the CPU time leaves out
     the time the process waited for a core; with one thread it is the cost of the steps themselves."""
@@ -253,6 +265,7 @@ def decode_speed(
         cache = caches_nbytes(step.caches)  # type: ignore[attr-defined]
         weights = sum(p.nbytes for p in net.parameters())
         step_bytes = cache + weights  # a step reads every filled cache position once, and every weight
+        step_flops = counted_flops(step, lambda: plain_torch(True))
         out[arm] = {
             "context": context,
             "batch": args.batch,
@@ -264,8 +277,8 @@ def decode_speed(
             "run_cache_bytes": cache,
             "weights_bytes": weights,
             "step_bytes": step_bytes,
-            "step_flops": args.batch * flops,
-            "flop_per_byte": args.batch * flops / step_bytes,
+            "step_flops": step_flops,  # counted on this arm's path (the formula above is the default path's)
+            "flop_per_byte": step_flops / step_bytes,
             "achieved_gb_per_s": args.steps * step_bytes / seconds / 1e9,
         }
         if args.memory:

@@ -357,6 +357,8 @@ def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["max_abs_logit_diff_vs_full"] < 1e-4 and r["tokens_per_s"] > 0 and r["context"] == 16
         assert r["step_bytes"] == r["run_cache_bytes"] + r["weights_bytes"]
         assert r["flop_per_byte"] == pytest.approx(r["step_flops"] / r["step_bytes"])
+        # The default path's count is the cost model's (batch 1 here): counted and formula agree.
+        assert r["step_flops"] == pytest.approx(r["decode_flops_per_token"], rel=0.01)
     bench.main([*tiny, "--json", "--no-memory", "--attention", "lrkv", "mla", "--all-paths"])
     out = capsys.readouterr().out
     rows = {r["arm"]: r for r in json.loads(out)}
