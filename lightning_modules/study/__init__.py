@@ -8,5 +8,6 @@ and its report (per-arm losses with intervals, paired differences, tokens- and F
 - store.py     done / claimed / free, from the MLflow store; the claim rule for several runners
 - runner.py    N worker processes at a time, resume, progress
 - worker.py    one run: fit (or resume) and test through main.py's CLI
+- lock.py      one worker per run: the run's lock, and the worker dying with its runner
 - report.py    tables and figures from the store into results/<protocol>/
 """

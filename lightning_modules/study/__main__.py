@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from lightning_modules.analysis.errors import AnalysisError
-from lightning_modules.core.errors import ConfigError
+from lightning_modules.core import errors
 from lightning_modules.tracking import store as tracking
+
+PROG = "python -m lightning_modules.study"
+
+
+def _seconds(text: str) -> float:
+    """A wait in seconds: a finite number >= 0 (argparse names the option when this raises)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds >= 0")
+    return value
+
+
+def _count(text: str) -> int:
+    """A number of runs at once: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a whole number >= 1")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_modules.study",
+        prog=PROG,
         description="Run a study protocol's runs that are not done yet (resumable), or report it from the store.",
     )
     parser.add_argument("protocol", type=Path, help="conf/study/<name>.yaml")
-    parser.add_argument("--workers", type=int, default=1, help="runs trained at once on this machine")
+    parser.add_argument("--workers", type=_count, default=1, help="runs trained at once on this machine")
     parser.add_argument(
         "--report", action="store_true", help="write results/<protocol>/ from the store; train nothing"
     )
@@ -30,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: results/<protocol>)")
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
-    parser.add_argument("--settle-s", type=float, default=2.0, help="wait after claiming (store.py)")
-    parser.add_argument("--stale-after-s", type=float, default=600.0, help="heartbeat age of a stale claim")
+    parser.add_argument("--settle-s", type=_seconds, default=2.0, help="wait after claiming (store.py)")
+    parser.add_argument(
+        "--stale-after-s", type=_seconds, default=600.0, help="heartbeat age of a stale claim (>= 60)"
+    )
     args = parser.parse_args(argv)
     # After parsing: --help and a bad option answer without importing the training stack (Lightning, torch).
     from lightning_modules.study import protocol as protocols
@@ -46,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             report.write(protocol, uri, args.out, args.readme)  # a bad README: ValueError (summary.py)
             return 0
         tracking.check_reachable(uri)
+        # A stale age the claim rule cannot work with is refused here, before anything is claimed.
         store = Store(uri, protocol.experiment, args.settle_s, args.stale_after_s)
         from lightning_modules.study.runner import Runner  # only once the store answered
 
-        command = " ".join(["python -m lightning_modules.study", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
         runner = Runner(protocol, store, args.workers, args.checkpoints, command)
         if args.plan:
             plan = runner.survey()
@@ -58,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {found.state:<8} {spec.name} ({spec.identity})")
             return 0
         return runner.run()
-    except (ConfigError, AnalysisError, tracking.TrackingUnreachableError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (errors.UserError, AnalysisError, ValueError, OSError) as e:
+        sys.stdout.flush()
+        errors.report(e, PROG)
         return 2
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,9 @@ def manifest_hash(data_dir: Path) -> str:
 
 def _data_dir(fragment: Path) -> Path:
     """data.data_dir of a data fragment, relative paths taken from the current directory as main.py does."""
-    tree = yaml.safe_load(fragment.read_text()) or {}
-    data_dir = (tree.get("data") or {}).get("data_dir")
+    tree = _yaml(fragment, "data fragment")
+    section = tree.get("data") if isinstance(tree, dict) else None
+    data_dir = section.get("data_dir") if isinstance(section, dict) else None
     if not data_dir:
         raise ConfigError(f"data fragment {fragment} sets no data.data_dir")
     return Path(data_dir).resolve()
@@ -197,18 +199,61 @@ def _read(path: Path) -> dict[str, Any]:
         known = sorted(p.stem for p in (ROOT / "conf/study").glob("*.yaml"))
         raise ConfigError(f"no study protocol {path}; protocols in conf/study/: {', '.join(known)}")
     where = str(path)
-    tree = yaml.safe_load(path.read_text()) or {}
-    unknown = sorted(set(tree) - FIELDS)
+    tree = _yaml(path, "study protocol")
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"{where}: a protocol is a mapping of fields ({', '.join(sorted(FIELDS))}), not a "
+            f"{type(tree).__name__}; see conf/study/cpu.yaml"
+        )
+    unknown = sorted(set(map(str, tree)) - FIELDS)
     if unknown:
         raise ConfigError(f"{where}: unknown fields {unknown}; allowed: {', '.join(sorted(FIELDS))}")
     for key in ("sizes", "arms", "seeds", "budget", "data"):
         if not tree.get(key):
             raise ConfigError(f"{where}: `{key}` is required")
+    for key, example in LISTS.items():
+        if not isinstance(tree[key], list):
+            raise ConfigError(f"{where}: `{key}` must be a list, e.g. {key}: {example}; got {tree[key]!r}")
+    if not isinstance(tree.get("fit") or {}, dict):
+        raise ConfigError(
+            f"{where}: `fit` must be a mapping of main.py settings, e.g. fit: {{trainer.precision: 32-true}}"
+        )
+    if not isinstance(tree["data"], str):
+        raise ConfigError(
+            f"{where}: `data` must be the path of a data fragment, e.g. data: conf/data/shakespeare.yaml"
+        )
     return tree
 
 
+# The list fields, with the example a message shows.
+LISTS = {"sizes": "[nano, 5m]", "arms": "[{kind: mha}, {kind: lrkv, rank: 16}]", "seeds": "[1, 2, 3]"}
+
+
+def _yaml(path: Path, what: str) -> Any:
+    """A YAML file read safely; a syntax error or a tag that would build an object is a ConfigError naming
+    the file, the line and what to fix."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path}: cannot be read ({e}); give a readable UTF-8 YAML file") from e
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = str(getattr(e, "problem", None) or str(e).splitlines()[0])
+        tag = re.search(r"for the tag '([^']+)'", problem)
+        if isinstance(e, yaml.constructor.ConstructorError) and tag:
+            name = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+            raise ConfigError(
+                f"{what} {path}{at}: the tag {name} is refused (the file is read as plain YAML, and a tag "
+                "must not build objects); write a plain value there"
+            ) from e
+        raise ConfigError(f"{what} {path}: YAML syntax error{at}: {problem}; fix the file") from e
+
+
 def _seeds(tree: dict[str, Any], where: str) -> list[int]:
-    seeds = tree["seeds"]
+    seeds = tree["seeds"]  # a list (_read)
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(
         seeds
     ):
@@ -237,9 +282,9 @@ def _fit(tree: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _checkpoint_every(tree: dict[str, Any], where: str) -> int:
-    every = int(tree.get("checkpoint_every", 50))
-    if every < 1:
-        raise ConfigError(f"{where}: checkpoint_every={every}: must be >= 1 (optimizer steps)")
+    every = tree.get("checkpoint_every", 50)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ConfigError(f"{where}: checkpoint_every={every}: must be an integer >= 1 (optimizer steps)")
     return every
 
 

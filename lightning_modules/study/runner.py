@@ -4,6 +4,10 @@ Before a run starts it is claimed in the tracking store (store.py); a run found 
 from it, so the study can be stopped (Ctrl-C, a kill, a reboot) and restarted at any time with the same
 command. Progress: one line when a run starts and one when it ends, with how many are left and an estimate
 of the time that takes; each worker's own output goes to train.log in its checkpoint folder.
+
+A worker dies with its runner (lock.py), so a runner killed even with SIGKILL leaves nothing training, and
+the claim names the worker too (store.py): a run is never taken over while a worker of this machine still
+trains it. The worker also locks its run (lock.py), so a second worker on one run never trains.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.study import lock
 from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
-from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, Found, Store
+from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 
 POLL_S = 1.0
 
@@ -65,7 +71,7 @@ class Runner:
         command: str = "",
     ) -> None:
         if workers < 1:
-            raise ValueError(f"--workers {workers}: must be >= 1")
+            raise ConfigError(f"--workers {workers}: must be >= 1 (runs trained at once)")
         self.protocol, self.store, self.workers = protocol, store, workers
         self.checkpoints = checkpoints.resolve() / "study" / protocol.name
         self.threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
@@ -145,6 +151,15 @@ class Runner:
                 f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: {found.state} elsewhere"
             )
             return None
+        # A worker of this machine may still hold the run though its claim went stale (an orphan of a runner
+        # killed where workers cannot follow it): leave it be, without claiming. The worker checks again.
+        held = _holder(found)
+        if held is not None:
+            self.say(
+                f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: a worker (pid {held}) "
+                "still trains it; run again once it has stopped"
+            )
+            return None
         run = self.store.claim(spec, found)
         if run is None:
             self.say(
@@ -160,6 +175,7 @@ class Runner:
         folder.mkdir(parents=True, exist_ok=True)
         last = folder / "last.ckpt"
         cmd = [sys.executable, "-m", "lightning_modules.study.worker", "--run-id", run_id]
+        cmd += ["--runner-pid", str(os.getpid())]
         cmd += ["--checkpoint-dir", str(folder), "--every", str(self.protocol.checkpoint_every)]
         how = "new"
         if last.is_file():
@@ -175,7 +191,9 @@ class Runner:
         with log.open("ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # stdin: a pipe this runner holds open and never writes; the worker exits when it ends (lock.py).
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
+        client.set_tag(run_id, WORKER, here(proc.pid))
         self.say(
             f"[start {number}/{total}] {spec.size} {spec.label} seed {spec.seed} ({how}; run {run_id[:8]}, log {log})"
         )
@@ -185,6 +203,11 @@ class Runner:
     def _finish(self, job: Active, code: int, left: int) -> None:
         spec, took = job.spec, time.time() - job.started
         where = f"{spec.size} {spec.label} seed {spec.seed}"
+        if job.proc.stdin is not None:  # the worker's runner pipe (lock.py): one descriptor per run otherwise
+            job.proc.stdin.close()
+        if code == lock.LOCKED_EXIT:  # another worker holds the run: it is not ours to release or retry
+            self.say(f"[skip  {job.number}] {where}: another worker trains it ({_last_line(job.log)})")
+            return
         run = self.store.client.get_run(job.run_id)
         if code == 0 and "test/loss" in run.data.metrics:
             self.durations.append(took)
@@ -227,6 +250,12 @@ class Runner:
         if done == len(plan):
             self.say(f"  report: python -m lightning_modules.study {self.protocol.path} --report")
         return 1 if self.failed else 0
+
+
+def _holder(found: Found) -> int | None:
+    """The pid of the process that holds the run's lock in its checkpoint folder, None when free."""
+    folder = found.run.data.tags.get(CHECKPOINT_DIR) if found.run is not None else None
+    return lock.holder(Path(folder)) if folder else None
 
 
 def _last_line(log: Path) -> str:

@@ -14,22 +14,28 @@ Claim rule (several runners, one machine or several sharing one tracking server)
   delete theirs. Safe as long as creating a run takes less than `settle_s` (default 2 s).
 - Existing free run: the runner overwrites `study.claim` with its own, waits `settle_s`, and reads it back;
   only the runner whose name is still there proceeds (the last writer wins, the others see it and back off).
-- Stale claims: a claim is stale when its heartbeat is older than `stale_after_s` (default 600 s, several
-  missed heartbeats; keep the machines' clocks within a minute of each other), or at once when it names this
-  host and its process is gone. A runner that stops normally or on Ctrl-C releases its claims
-  (heartbeat 0), so the next invocation resumes them immediately.
+- Stale claims: a claim is stale when its heartbeat is older than `stale_after_s` (default 600 s, at least
+  MIN_STALE_S: several missed heartbeats; keep the machines' clocks within a minute of each other), or at
+  once when it names this host and both its runner and the worker the runner started (tag `study.worker`,
+  host:pid) are gone: a runner killed with SIGKILL takes its worker with it (lock.py), but not in the same
+  instant, and a worker that still trains must never get a twin. A runner that stops normally or on Ctrl-C
+  releases its claims (heartbeat 0), so the next invocation resumes them immediately. Whatever the claim
+  says, a worker refuses a run whose lock another worker holds (lock.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
 import uuid
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from lightning_modules.core.errors import ConfigError
 from lightning_modules.study.protocol import TAG, RunSpec
 
 if TYPE_CHECKING:
@@ -37,7 +43,12 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 HEARTBEAT_S = 30.0
+# A live runner's heartbeat is up to HEARTBEAT_S (and a poll) old; a stale age below two beats would hand
+# the runs of live runners to others.
+MIN_STALE_S = 2 * HEARTBEAT_S
 CLAIM, HEARTBEAT, CHECKPOINT_DIR = TAG + "claim", TAG + "heartbeat", TAG + "checkpoint_dir"
+WORKER = TAG + "worker"  # host:pid of the worker process the claiming runner started
+ORPHAN_GRACE_S = 10.0
 State = Literal["done", "claimed", "free", "missing"]
 
 
@@ -62,6 +73,19 @@ def _client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+def check_timing(settle_s: float, stale_after_s: float) -> None:
+    """The claim rule's two waits, refused before anything is claimed when they cannot work."""
+    if not (math.isfinite(settle_s) and settle_s >= 0):
+        raise ConfigError(
+            f"--settle-s {settle_s}: must be a number of seconds >= 0 (the wait after claiming; default 2)"
+        )
+    if not (math.isfinite(stale_after_s) and stale_after_s >= MIN_STALE_S):
+        raise ConfigError(
+            f"--stale-after-s {stale_after_s}: must be a number of seconds >= {MIN_STALE_S:g} (two heartbeats "
+            "of a live runner; default 600)"
+        )
+
+
 def is_done(run: Run) -> bool:
     return run.info.status == "FINISHED" and "test/loss" in run.data.metrics
 
@@ -70,6 +94,7 @@ class Store:
     def __init__(
         self, uri: str, experiment: str, settle_s: float = 2.0, stale_after_s: float = 600.0
     ) -> None:
+        check_timing(settle_s, stale_after_s)
         self.uri, self.settle_s, self.stale_after_s = uri, settle_s, stale_after_s
         self.client = _client(uri)
         self.experiment_id = self._experiment(experiment)
@@ -119,10 +144,8 @@ class Store:
             return False
         if not claim or age > self.stale_after_s:
             return False
-        host, _, rest = claim.partition(":")
-        pid = rest.partition(":")[0]
-        # A runner on this machine that is gone: no need to wait for its heartbeat to age.
-        return not (host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)))
+        # A runner on this machine that is gone, and its worker too: no need to wait for the heartbeat to age.
+        return not _gone_here(claim) or _outlives(tags.get(WORKER, ""))
 
     def classify(self, runs: list[Run]) -> Found:
         if not runs:
@@ -182,6 +205,34 @@ class Store:
             self.client.set_terminated(run_id, status="KILLED")
 
 
+def here(pid: int) -> str:
+    """A process of this machine as the claim tags name it (host:pid)."""
+    return f"{socket.gethostname()}:{pid}"
+
+
+def _gone_here(name: str) -> bool:
+    """Whether `name` (host:pid[:nonce], or empty) names no live process of this machine; a process of
+    another machine cannot be seen from here, so it counts as live."""
+    if not name:
+        return True
+    host, _, rest = name.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+
+
+def _outlives(worker: str) -> bool:
+    """Whether a worker whose runner is gone still lives after ORPHAN_GRACE_S: the kernel kills it when its
+    runner dies (lock.py), but a rerun started at that moment can still see it tearing down."""
+    if worker and worker.partition(":")[0] != socket.gethostname():
+        return True  # another machine's: cannot be seen from here, so it lives
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while not _gone_here(worker):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -189,4 +240,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie answers signal 0 until it is reaped, which a container without an init may never do
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:  # ended between the two looks
+        return False
+    except (OSError, IndexError):  # no /proc (macOS): signal 0 is all there is
+        return True
+    return state not in ("Z", "X")

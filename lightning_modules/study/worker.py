@@ -8,6 +8,10 @@ MLflow logger continues it (run_id), so fit, a resumed fit and test all land in 
 to DIR (one folder per run, named by the runner), only `last.ckpt`, every N steps and at the end: a study
 makes dozens of runs, and a resumed run needs only the newest state (written atomically, so a kill never
 leaves it half-written: tests/checkpoint/test_checkpoint_kill.py).
+
+Before anything else it ties itself to its runner (`--runner-pid`: it dies with the runner, SIGKILL
+included) and takes the run's lock (lock.py): a second worker on the same run ends at once, trains nothing
+and exits with LOCKED_EXIT, so no step is logged twice and no two processes write one last.ckpt.
 """
 
 from __future__ import annotations
@@ -21,20 +25,42 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lightning_modules.checkpoint.callback import EndOfFitModelCheckpoint
+from lightning_modules.core.errors import report, run_entry
+from lightning_modules.study import lock
 from lightning_modules.study.protocol import TAG
 from lightning_modules.training.cli import main as cli_main
+
+PROG = "python -m lightning_modules.study.worker"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="python -m lightning_modules.study.worker")
+    parser = argparse.ArgumentParser(prog=PROG)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--every", type=int, required=True, help="optimizer steps between checkpoints")
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    parser.add_argument("--runner-pid", type=int, default=None, help="die with this process (the runner)")
     args = parser.parse_args(argv[:split])
-    cli_args = [*argv[split + 1 :], "--trainer.logger.init_args.run_id", args.run_id]
+    return run_entry(lambda: _run(args, argv[split + 1 :]), PROG)
+
+
+def _run(args: argparse.Namespace, main_args: list[str]) -> int:
+    if args.runner_pid is not None:
+        lock.die_with_runner(args.runner_pid)
+    try:
+        held = lock.hold(args.checkpoint_dir, args.run_id)
+    except lock.RunLockedError as e:
+        # One line, and its own exit code: the runner reads it as "trained by another worker", not a failure.
+        report(e, PROG)
+        return lock.LOCKED_EXIT
+    with held:  # the lock lasts as long as the training
+        return _train(args, main_args)
+
+
+def _train(args: argparse.Namespace, main_args: list[str]) -> int:
+    cli_args = [*main_args, "--trainer.logger.init_args.run_id", args.run_id]
     cli_args += ["--trainer.enable_progress_bar", "false"]  # the output goes to a log file
     cli = cli_main(cli_args, run=False)
     cli._check_tracking()

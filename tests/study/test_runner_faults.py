@@ -1,0 +1,290 @@
+"""The study runner under faults: a runner killed with SIGKILL takes its worker with it and the rerun resumes
+the run with one worker (lock.py, store.py), a run another worker holds is never trained twice, and bad
+protocols and options end in one line before anything is claimed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lightning_modules.study import lock
+from lightning_modules.study import protocol as protocols
+from lightning_modules.study import store as store_module
+from lightning_modules.study.__main__ import main as study_main
+from lightning_modules.study.store import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
+from tests.one_line import Case, assert_each_ends_in_one_line
+from tests.study.test_study import MICRO_FLOPS, micro_protocol
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY = ["-m", "lightning_modules.study"]
+
+
+def one_run_protocol(folder: Path, shards: Path, budget: float = MICRO_FLOPS) -> Path:
+    """The micro protocol with one arm and one seed: a single run (about 25 steps at MICRO_FLOPS)."""
+    path = micro_protocol(folder, shards, arms="[{kind: mha}]", budget=budget)
+    path.write_text(path.read_text().replace("seeds: [1, 2]", "seeds: [1]"))
+    return path
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# ----- one line, before anything is claimed ----------------------------------------------------------------
+def test_bad_protocols_and_options_end_in_one_line_before_any_claim(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str
+) -> None:
+    good = one_run_protocol(tmp_path, tiny_shards)
+    text = good.read_text()
+
+    def variant(name: str, old: str, new: str) -> str:
+        assert old in text
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace(old, new))
+        return str(path)
+
+    syntax = variant("syntax", "arms: [{kind: mha}]", "arms: [{kind: mha}")
+    description = text.splitlines()[0]
+    assert description.startswith("description: ")
+    tagged = variant(
+        "tagged", description, 'description: !!python/object/apply:os.system ["echo unsafe-code-ran"]'
+    )
+    seeds = variant("seeds", "seeds: [1]", "seeds: 3")
+    p = str(good)
+    cases: list[Case] = [
+        ("protocol YAML syntax error", [*STUDY, syntax], {}, [syntax, "YAML syntax error", "line ", "fix"]),
+        ("protocol !!python tag", [*STUDY, tagged], {}, [tagged, "!!python/object/apply", "refused"]),
+        ("protocol seeds: 3", [*STUDY, seeds], {}, [seeds, "`seeds` must be a list", "seeds: [1, 2, 3]"]),
+        ("--settle-s -1", [*STUDY, p, "--settle-s", "-1"], {}, ["--settle-s", "-1", ">= 0"]),
+        ("--settle-s nan", [*STUDY, p, "--settle-s", "nan"], {}, ["--settle-s", "nan", ">= 0"]),
+        ("--settle-s text", [*STUDY, p, "--settle-s", "soon"], {}, ["--settle-s", "soon", ">= 0"]),
+        ("--stale-after-s -5", [*STUDY, p, "--stale-after-s", "-5"], {}, ["--stale-after-s", ">= 0"]),
+        ("--stale-after-s 10", [*STUDY, p, "--stale-after-s", "10"], {}, ["--stale-after-s", ">= 60"]),
+        ("--workers 0", [*STUDY, p, "--workers", "0"], {}, ["--workers", "0", ">= 1"]),
+    ]
+    assert_each_ends_in_one_line(cases, tmp_path)
+    # Nothing was claimed: the store holds no run of the protocol (not even its experiment).
+    from mlflow import MlflowClient  # the store's own client, only to look
+
+    experiment = MlflowClient(mlflow_uri).get_experiment_by_name("micro")
+    assert experiment is None or not MlflowClient(mlflow_uri).search_runs([experiment.experiment_id])
+    assert not (tmp_path / "checkpoints").exists()
+
+
+# ----- the claim rule: stale at once only when the runner and its worker are both gone ----------------------
+def test_a_claim_whose_runner_died_stays_live_while_its_worker_lives(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "ORPHAN_GRACE_S", 0.5)  # how long a live worker is waited for
+    spec = protocols.load(one_run_protocol(tmp_path, tiny_shards)).runs[0]
+    store = Store(mlflow_uri, "micro", settle_s=0)
+    run = store.claim(spec, store.classify(store.runs_of(spec.identity)))
+    assert run is not None
+    run_id = run.info.run_id
+    gone = here(dead_pid())
+    store.client.set_tag(run_id, CLAIM, f"{gone}:deadbeef")  # its runner was SIGKILLed
+
+    def state() -> str:
+        return store.classify(store.runs_of(spec.identity)).state
+
+    store.client.set_tag(run_id, WORKER, here(os.getpid()))  # ... but its worker still trains
+    assert state() == "claimed"
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, never reaped: a zombie
+    try:
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        store.client.set_tag(run_id, WORKER, here(zombie.pid))
+        assert state() == "free"  # a zombie trains nothing
+    finally:
+        zombie.wait()
+    store.client.set_tag(run_id, WORKER, here(dead_pid()))
+    assert state() == "free"
+    store.client.set_tag(run_id, WORKER, f"elsewhere:{os.getpid()}")  # another machine's: cannot be seen
+    assert state() == "claimed"
+
+
+# ----- the run's lock ----------------------------------------------------------------------------------------
+def test_a_second_worker_on_a_locked_run_trains_nothing(tmp_path: Path, mlflow_uri: str) -> None:
+    folder = tmp_path / "run"
+    assert lock.holder(folder) is None
+    with lock.hold(folder, "abc"):
+        assert lock.holder(folder) == os.getpid()
+        with pytest.raises(lock.RunLockedError, match=f"pid {os.getpid()}"):
+            lock.hold(folder, "abc")
+        worker = [sys.executable, "-m", "lightning_modules.study.worker", "--run-id", "abc"]
+        worker += ["--checkpoint-dir", str(folder), "--every", "1", "--", "--never-parsed"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == lock.LOCKED_EXIT, done.stderr
+        (line,) = [ln for ln in done.stderr.splitlines() if ": error: " in ln]
+        assert f"another worker (pid {os.getpid()}) is training it" in line and str(folder) in line
+        assert "Traceback" not in done.stderr
+        # A worker whose runner is not its parent (the runner died before the worker started) trains nothing.
+        orphan = subprocess.run(
+            [*worker[:5], "--runner-pid", str(dead_pid()), *worker[5:]],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert orphan.returncode == 2 and "runner pid" in orphan.stderr and "is gone" in orphan.stderr
+    assert lock.holder(folder) is None  # the lock ends with its holder
+
+
+def test_the_runner_leaves_a_run_alone_while_another_worker_holds_it(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = one_run_protocol(tmp_path, tiny_shards)
+    spec = protocols.load(path).runs[0]
+    store = Store(mlflow_uri, "micro", settle_s=0)
+    run = store.claim(spec, store.classify(store.runs_of(spec.identity)))
+    assert run is not None
+    folder = tmp_path / "orphan"
+    store.client.set_tag(run.info.run_id, CHECKPOINT_DIR, str(folder))
+    store.release(run.info.run_id)  # its claim is gone ...
+    with lock.hold(folder, run.info.run_id):  # ... but a worker still trains it (an orphan)
+        assert study_main([str(path), "--settle-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"a worker (pid {os.getpid()}) still trains it" in out and "[start" not in out
+    assert store.client.get_run(run.info.run_id).data.tags[CLAIM] == store.me  # not even claimed
+
+
+# ----- the must-show fault: SIGKILL the runner, not its worker ---------------------------------------------
+class _Workers:
+    """Every study worker process on this machine, by run id, sampled until stopped: the most at once."""
+
+    def __init__(self) -> None:
+        self.most: Counter[str] = Counter()
+        self.seen: dict[str, set[int]] = {}
+        self.crowds: list[str] = []  # what two workers on one run looked like, for the failure message
+        self.first: dict[int, float] = {}  # when each worker was first and last seen (monotonic)
+        self.last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def now(self) -> dict[str, set[int]]:
+        parents: dict[str, dict[int, int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"lightning_modules.study.worker" in argv and b"--run-id" in argv:
+                run_id = argv[argv.index(b"--run-id") + 1].decode()
+                parents.setdefault(run_id, {})[int(entry.name)] = parent
+        # A worker's own fork (a subprocess between fork and exec) carries its command line: part of it.
+        return {run: {p for p, parent in pids.items() if parent not in pids} for run, pids in parents.items()}
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for run_id, pids in self.now().items():
+                for pid in pids:
+                    self.first.setdefault(pid, now)
+                    self.last[pid] = now
+                self.most[run_id] = max(self.most[run_id], len(pids))
+                if len(pids) > 1:
+                    self.crowds.append(" | ".join(_describe(pid) for pid in sorted(pids)))
+                self.seen.setdefault(run_id, set()).update(pids)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _describe(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} state {stat[0]} parent {stat[1]}: {argv[:300]}"
+
+
+@pytest.mark.slow
+def test_a_runner_killed_with_sigkill_takes_its_worker_and_the_rerun_trains_each_step_once(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Twice the micro budget: the killed runner's worker, were it left alone, would still train when the
+    # rerun's worker starts.
+    path = one_run_protocol(tmp_path, tiny_shards, budget=2 * MICRO_FLOPS)
+    (spec,) = protocols.load(path).runs
+    args = [str(path), "--settle-s", "0"]
+    store = Store(mlflow_uri, "micro")
+    workers = _Workers()
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        runner = subprocess.Popen([sys.executable, *STUDY, *args], cwd=tmp_path, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while True:  # until the worker trains: its first checkpoint is written
+                runs = store.runs_of(spec.identity)
+                folder = runs[0].data.tags.get(CHECKPOINT_DIR) if runs else None
+                if folder and (Path(folder) / "last.ckpt").exists():
+                    break
+                assert runner.poll() is None, "the study exited before its first checkpoint"
+                assert time.monotonic() < deadline, "no checkpoint within 300 s"
+                time.sleep(0.05)
+        finally:
+            runner.kill()  # SIGKILL, the runner alone: no one signals its worker
+            runner.wait()
+            killed_at = time.monotonic()
+        (run,) = store.runs_of(spec.identity)
+        assert study_main(args) == 0  # at once, as a user's rerun would
+    finally:
+        workers.stop()
+    # Only this run's workers: other tests and people may train on this machine at the same time.
+    assert workers.most[run.info.run_id] == 1, workers.crowds[:3]  # one worker on the run at any time
+    first, *later = sorted(workers.seen[run.info.run_id], key=workers.first.__getitem__)
+    assert workers.last[first] - killed_at < 15, "the killed runner's worker trained on without it"
+    out = capsys.readouterr().out
+    assert re.search(r"\[start 1/1\] nano mha seed 1 \(resuming from its last checkpoint", out), out
+    assert len(later) == 1  # the killed runner's worker, then the rerun's
+    (done,) = store.runs_of(spec.identity)
+    assert done.info.run_id == run.info.run_id and done.info.status == "FINISHED"
+    assert "test/loss" in done.data.metrics and int(done.data.tags["study.resumed_from_step"]) >= 1
+    history = store.client.get_metric_history(done.info.run_id, "train/loss")
+    twice = sorted(step for step, n in Counter(m.step for m in history).items() if n > 1)
+    assert history and twice == [], f"steps logged more than once: {twice}"
+    assert {m.step for m in history} == set(range(len(history)))  # every step, once
+
+
+def test_a_worker_exits_when_its_runner_pipe_ends_and_not_before(tmp_path: Path) -> None:
+    """The portable half of dying with the runner (systems without prctl): the end of the stdin pipe."""
+    child = (
+        "import os, sys, time; from lightning_modules.study import lock; lock.die_with_runner(os.getppid())"
+    )
+    child += "; time.sleep(float(sys.argv[1])); print('finished')"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def start(seconds: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", child, seconds], stdin=subprocess.PIPE, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    slow = start("600")
+    assert slow.stdout is not None and slow.stdin is not None
+    time.sleep(0.5)  # the watcher is up once the child has imported lock.py; either way it reads the end
+    slow.stdin.close()
+    assert slow.wait(timeout=120) == 1
+    assert "the runner is gone" in slow.stdout.read()
+    normal = start("0.2")
+    assert normal.stdout is not None
+    assert normal.wait(timeout=120) == 0 and "finished" in normal.stdout.read()  # exits cleanly: no abort
+    assert normal.stdin is not None
+    normal.stdin.close()
