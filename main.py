@@ -10,6 +10,7 @@ import sys
 from lightning_modules.core.errors import run_entry
 from lightning_modules.training.cli import LanguageModelCLI
 from lightning_modules.training.cli import main as _main
+from lightning_modules.training.signals import run_stoppable
 
 
 def main(args: list[str] | None = None) -> LanguageModelCLI:
@@ -17,4 +18,6 @@ def main(args: list[str] | None = None) -> LanguageModelCLI:
 
 
 if __name__ == "__main__":
-    sys.exit(run_entry(lambda: main() and 0, "main.py"))
+    # SIGTERM, Ctrl-C, SIGUSR1: a checkpoint at the step's end, then 128 + the signal's number
+    # (lightning_modules/training/signals.py)
+    sys.exit(run_stoppable(lambda: run_entry(lambda: main() and 0, "main.py"), "main.py"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -304,7 +305,16 @@ class ShardDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),
             in_order=True,  # batch order is part of the plan
+            worker_init_fn=_leave_signals_to_the_trainer if self.num_workers else None,
         )
+
+
+def _leave_signals_to_the_trainer(worker_id: int) -> None:
+    """A loader worker ignores SIGTERM, SIGINT and SIGUSR1: a scheduler signals the whole process group, and
+    the training process decides when to stop (it saves the step first, lightning_modules/training/signals.py);
+    torch ends its workers when that process goes."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _check_options(*, num_workers: int, verify: str, **counts: int | None) -> None:

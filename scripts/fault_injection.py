@@ -1,7 +1,13 @@
-"""Fault injection: SIGKILL a fit at K random moments (some during a checkpoint write), resume it from its
-last.ckpt each time, and compare with one uninterrupted run of the same command.
+"""Fault injection: SIGKILL (or SIGTERM) a fit at K random moments (some during a checkpoint write), resume it
+from its last.ckpt each time, and compare with one uninterrupted run of the same command.
 
     python scripts/fault_injection.py --kills 20 --steps 30 --data-dir artifacts/shakespeare-32 --json
+    python scripts/fault_injection.py --kills 4 --steps 10 --signal mixed --data-dir ... --json
+
+`--signal kill` (the default) sends SIGKILL: the process dies where it is. `--signal term` sends SIGTERM, which
+a fit answers by saving the step it is in and exiting 143 (lightning_modules/training/signals.py): the script
+checks that exit code, and that last.ckpt is then at the step the fit names, past the one it resumed from.
+`--signal mixed` sends SIGKILL, SIGKILL, SIGTERM, SIGTERM, ... so each signal meets both kinds of moment.
 
 Both runs use the real CLI (`main.py fit`), loader workers and a checkpoint every step; each gets its own
 folder (SQLite MLflow store, checkpoints). Compared: every tensor of the final checkpoint's state_dict
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Outcome:
     kills: int = 0
     kills_during_write: int = 0
+    sigterms: int = 0  # of the kills, those sent as SIGTERM (each answered by exit 143 and a checkpoint)
     processes: int = 0
     steps: int = 0
     weights_identical: bool = False
@@ -58,8 +66,10 @@ def fit_command(
     ckpt_dir: Path,
     extra: list[str],
     callback: str = CHECKPOINT_CALLBACK,
+    every: int = 1,
 ) -> list[str]:
-    """The fit both runs make; `callback` is the checkpoint callback's class (a test swaps in one that kills)."""
+    """The fit both runs make; `callback` is the checkpoint callback's class (a test swaps in one that kills),
+    `every` the steps between two checkpoints."""
     return [
         sys.executable, str(ROOT / "main.py"), "fit",
         "--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml"),
@@ -69,7 +79,7 @@ def fit_command(
         "--trainer.precision", "32-true", "--trainer.limit_val_batches", "0",
         "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
         f"--trainer.callbacks+={callback}",
-        "--trainer.callbacks.every_n_train_steps", "1", "--trainer.callbacks.save_top_k", "-1",
+        "--trainer.callbacks.every_n_train_steps", str(every), "--trainer.callbacks.save_top_k", "-1",
         "--trainer.callbacks.save_last", "true", "--trainer.callbacks.dirpath", str(ckpt_dir), *extra,
     ]  # fmt: skip
 
@@ -113,11 +123,25 @@ def run_uninterrupted(workdir: Path, data_dir: Path, steps: int, seq_len: int) -
     return ckpt_dir
 
 
+SIGNALS = {"kill": "K", "term": "T", "mixed": "KKTT"}  # the signal of kill i: pattern[i % len(pattern)]
+
+
+def kill_signal(mode: str, index: int) -> signal.Signals:
+    pattern = SIGNALS[mode]
+    return signal.SIGTERM if pattern[index % len(pattern)] == "T" else signal.SIGKILL
+
+
 def run_with_kills(
-    workdir: Path, data_dir: Path, steps: int, seq_len: int, kills: int, rng: random.Random
+    workdir: Path,
+    data_dir: Path,
+    steps: int,
+    seq_len: int,
+    kills: int,
+    rng: random.Random,
+    mode: str = "kill",
 ) -> tuple[Path, int, int, int]:
-    """Fit with `kills` SIGKILLs and a resume after each; returns the checkpoint folder, the kills done,
-    those during a write, and the processes started."""
+    """Fit with `kills` SIGKILLs (or SIGTERMs, `mode`) and a resume after each; returns the checkpoint folder,
+    the kills done, those during a write, and the processes started."""
     ckpt_dir = workdir / "ck"
     done = during_write = processes = 0
     while True:
@@ -133,14 +157,21 @@ def run_with_kills(
         )
         processes += 1
         start_step = _saved_steps(ckpt_dir)
+        # Not start_step: a SIGKILL between a step's file and last.ckpt leaves last.ckpt a step behind.
+        resumed_at = _global_step(resume) if resume.exists() else 0
         try:
+            killed = False
             if done < kills:
-                in_write = done % 2 == 0
-                if _wait_and_kill(proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done):
-                    done += 1
-                    during_write += in_write
+                in_write, sig = done % 2 == 0, kill_signal(mode, done)
+                killed = _wait_and_kill(
+                    proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done, sig
+                )
+            _, err = proc.communicate()  # reads the pipe too: a SIGTERMed fit still writes as it ends
+            if killed:
+                done += 1
+                during_write += in_write
+                if sig == signal.SIGKILL or _check_stopped(proc, err.decode(), ckpt_dir, resumed_at, steps):
                     continue
-            _, err = proc.communicate()
         finally:
             if proc.poll() is None:  # an error in this script: leave no fit running
                 proc.kill()
@@ -152,6 +183,29 @@ def run_with_kills(
             return ckpt_dir, done, during_write, processes
 
 
+def _global_step(path: Path) -> int:
+    import torch  # the script's own imports stay light; only these checks and the comparison need torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def _check_stopped(proc: subprocess.Popen, err: str, ckpt_dir: Path, resumed_at: int, steps: int) -> bool:
+    """A SIGTERMed fit exits 143 after saving the step it was in: last.ckpt is at the step its one line names,
+    past the step it resumed from. True; False when the signal came in the last step and the fit finished
+    (exit 0, every step saved)."""
+    if proc.returncode == 0 and _saved_steps(ckpt_dir) >= steps:
+        return False
+    stopped = re.search(r"stopped by SIGTERM after step (\d+): saved", err)
+    if proc.returncode != 128 + signal.SIGTERM or stopped is None:
+        raise RuntimeError(f"SIGTERM: fit exited {proc.returncode}, not 143 naming its step: {err[-2000:]}")
+    step, last = int(stopped.group(1)), _global_step(ckpt_dir / "last.ckpt")
+    if not resumed_at < step == last:
+        raise RuntimeError(
+            f"SIGTERM: stopped after step {step}, resumed at {resumed_at}, last.ckpt at {last}"
+        )
+    return True
+
+
 def _wait_and_kill(
     proc: subprocess.Popen,
     ckpt_dir: Path,
@@ -161,12 +215,13 @@ def _wait_and_kill(
     in_write: bool,
     rng: random.Random,
     kills_left: int = 1,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> bool:
     """Kill `proc` as soon as its first checkpoint write begins (in_write), or a random moment after it saved
     a randomly chosen step before the last. The moments follow the run's own checkpoints rather than the
     clock, so the kills land the same way on a fast and on a loaded machine. The random step is drawn from
     the remaining steps' share per kill left, so that all K kills fit in the run. False when it finished
-    first."""
+    first. The caller waits for the process (a SIGTERMed fit saves the step it is in, then exits 143)."""
     if in_write:
         while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
             if proc.poll() is not None:
@@ -182,8 +237,7 @@ def _wait_and_kill(
         time.sleep(rng.uniform(0.0, 0.02))  # inside the next step: it trains and saves for longer than this
     if proc.poll() is not None:
         return False
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, sig)
     return True
 
 
@@ -223,15 +277,18 @@ def compare(reference: Path, killed: Path, ref_ckpt: Path, killed_ckpt: Path, ou
     outcome.losses_identical = not outcome.loss_mismatches
 
 
-def run(workdir: Path, data_dir: Path, steps: int, seq_len: int, kills: int, seed: int) -> Outcome:
+def run(
+    workdir: Path, data_dir: Path, steps: int, seq_len: int, kills: int, seed: int, mode: str = "kill"
+) -> Outcome:
     start = time.perf_counter()
     outcome = Outcome()
     (workdir / "reference").mkdir(parents=True, exist_ok=True)
     (workdir / "killed").mkdir(parents=True, exist_ok=True)
     ref_ckpt = run_uninterrupted(workdir / "reference", data_dir, steps, seq_len)
     killed_ckpt, outcome.kills, outcome.kills_during_write, outcome.processes = run_with_kills(
-        workdir / "killed", data_dir, steps, seq_len, kills, random.Random(seed)
+        workdir / "killed", data_dir, steps, seq_len, kills, random.Random(seed), mode
     )
+    outcome.sigterms = sum(kill_signal(mode, i) == signal.SIGTERM for i in range(outcome.kills))
     compare(workdir / "reference", workdir / "killed", ref_ckpt, killed_ckpt, outcome)
     outcome.seconds = time.perf_counter() - start
     return outcome
@@ -245,11 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, required=True, help="shards prepared with this --seq-len")
     p.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    p.add_argument(
+        "--signal", choices=sorted(SIGNALS), default="kill", help="SIGKILL, SIGTERM, or both in turn (mixed)"
+    )
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
 
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="fault-injection-"))
-    outcome = run(workdir, a.data_dir.resolve(), a.steps, a.seq_len, a.kills, a.seed)
+    outcome = run(workdir, a.data_dir.resolve(), a.steps, a.seq_len, a.kills, a.seed, a.signal)
     print(json.dumps(asdict(outcome), indent=2) if a.json else outcome)
     return 0 if outcome.weights_identical and outcome.losses_identical else 1
 

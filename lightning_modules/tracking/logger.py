@@ -5,8 +5,11 @@
 - Writes go through lightning_modules/tracking/buffer.py: an outage never stops training; held calls are
   sent when the store answers again, and what is still held at the end is saved beside the checkpoints with
   the one command that sends it.
-- The run always ends FINISHED or FAILED (Lightning finalizes with "failed" on any exception), even when
-  the store is away at the end: then the final status is among the saved calls.
+- The run always ends FINISHED or FAILED (Lightning finalizes with "failed" on any exception), or KILLED
+  when a signal stopped it (`mark_stopped`, from lightning_modules/training/signals.py), with the tags
+  `stopped_by` and `stopped_at_step`; even when the store is away at the end: then the final status is among
+  the saved calls. A run continued from its checkpoint moves those two tags into `stop_history`, so a run that
+  finishes later does not say it was stopped, and the stops stay on record.
 - Opening a run is safe when several processes start together on one store: an SQLite store is opened
   under a lock (tracking.store_lock), and an experiment another process created first is found, not
   created twice.
@@ -33,6 +36,8 @@ from lightning_modules.tracking.buffer import BufferedClient
 log = logging.getLogger(__name__)
 
 _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
+# The tags of a run a signal stopped (docs/tracking.md, "Run status").
+STOPPED_BY, STOPPED_AT_STEP, STOP_HISTORY = "stopped_by", "stopped_at_step", "stop_history"
 REPLAY_COMMAND = "python -m lightning_modules.tracking_replay"
 
 
@@ -94,6 +99,7 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._max_pending = max_pending
         self._max_retry_interval = max_retry_interval
         self._missing_run = missing_run
+        self._stopped_by: str | None = None
 
     @property
     @rank_zero_experiment
@@ -129,9 +135,30 @@ class BufferedMLFlowLogger(MLFlowLogger):
             else:
                 if run.info.status != "RUNNING":
                     client.update_run(self._run_id, status="RUNNING")
+                self._record_earlier_stop(client, run.data.tags)
                 return
         if self._experiment_id is None:
             self._experiment_id = self._find_or_create_experiment(client)
+
+    def _record_earlier_stop(self, client: MlflowClient, tags: dict[str, str]) -> None:
+        """A continued run that a signal stopped: its stop goes into stop_history ("SIGTERM at step 5; ...")."""
+        if STOPPED_BY not in tags:
+            return
+        entry = f"{tags[STOPPED_BY]} at step {tags.get(STOPPED_AT_STEP, '?')}"
+        history = tags.get(STOP_HISTORY)
+        client.set_tag(self._run_id, STOP_HISTORY, f"{history}; {entry}" if history else entry)
+        for key in (STOPPED_BY, STOPPED_AT_STEP):
+            if key in tags:
+                client.delete_tag(self._run_id, key)
+
+    @rank_zero_only
+    def mark_stopped(self, reason: str, step: int) -> None:
+        """A signal stopped the fit (lightning_modules/training/signals.py): tag why and where now, and end
+        the run KILLED rather than FAILED."""
+        self._stopped_by = reason
+        if self._initialized:
+            self.experiment.set_tag(self._run_id, STOPPED_BY, reason)
+            self.experiment.set_tag(self._run_id, STOPPED_AT_STEP, str(step))
 
     def _find_or_create_experiment(self, client: MlflowClient) -> str:
         found = client.get_experiment_by_name(self._experiment_name)
@@ -159,7 +186,8 @@ class BufferedMLFlowLogger(MLFlowLogger):
         if self._checkpoint_callback:
             self._scan_and_log_checkpoints(self._checkpoint_callback)
         client: BufferedClient = self._mlflow_client  # type: ignore[assignment]
-        client.set_terminated(self._run_id, _STATUS.get(status, status))
+        final = "KILLED" if self._stopped_by is not None else _STATUS.get(status, status)
+        client.set_terminated(self._run_id, final)
         if client.drain(self._flush_timeout):
             return
         path = client.save()

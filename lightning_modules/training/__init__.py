@@ -3,4 +3,5 @@
 - language_model.py  the LightningModule: loss, metrics, optimisers, compute accounting, the budget
 - cli.py             LightningCLI with the project's conventions (precision, tracking, resume, run names)
 - throughput.py      tokens per second and model FLOPs utilisation per step
+- signals.py         SIGTERM, Ctrl-C, SIGUSR1: save the step, end the run KILLED, exit 128 + the signal
 """

@@ -7,6 +7,8 @@
   and tagged on the MLflow run;
 - the MLflow logger gets the store (./mlruns SQLite or MLFLOW_TRACKING_URI), the run name
   `{size}-{label}-seed{seed}` and its tags; the store is checked before the first step;
+- a fit stopped by SIGTERM, Ctrl-C or SIGUSR1 saves its step, ends its MLflow run KILLED and exits non-zero
+  (lightning_modules/training/signals.py adds its callback to every fit);
 - checkpoints go to checkpoints/<run name>-<time>-<random suffix> unless a dirpath is given (runs started in
   the same second never share a folder); a run resumed or evaluated from a checkpoint continues the MLflow
   run that wrote it; MLflow calls held through an outage are saved beside the checkpoints
@@ -16,7 +18,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import sys
 import tempfile
@@ -27,10 +28,12 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
+from data.manifest import Manifest
 from lightning_modules.checkpoint.reader import is_special, read_checkpoint
 from lightning_modules.checkpoint.resume_policy import reconcile
 from lightning_modules.core import precision
@@ -44,6 +47,7 @@ from lightning_modules.tracking import runs
 from lightning_modules.tracking import store as tracking
 from lightning_modules.tracking import ui as mlflow_ui
 from lightning_modules.training.language_model import Budget, LanguageModel
+from lightning_modules.training.signals import StopOnSignal
 
 
 def _budget_label(budget: Namespace | None) -> str:
@@ -125,6 +129,12 @@ class LanguageModelCLI(LightningCLI):
             auto_configure_optimizers=False,
         )
 
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if self.subcommand == "fit":  # not a config entry: a fit without it would exit 0 on SIGTERM
+            trainer.callbacks.append(StopOnSignal())
+        return trainer
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("seed_everything", "data.seed")
 
@@ -185,13 +195,14 @@ class LanguageModelCLI(LightningCLI):
                 f"data.data_dir={cfg.data.data_dir}: no manifest.json there; build shards with `make data` "
                 f"or `python -m data.prepare --out {cfg.data.data_dir} ...`"
             )
-        manifest = json.loads(manifest_path.read_text())
-        if cfg.model.arch.seq_len != manifest["seq_len"]:
+        # Manifest.load names a garbled or tampered manifest in one line (a UserError, data/manifest.py).
+        manifest = Manifest.load(cfg.data.data_dir)
+        if cfg.model.arch.seq_len != manifest.seq_len:
             raise ConfigError(
-                f"model.arch.seq_len={cfg.model.arch.seq_len} differs from seq_len={manifest['seq_len']} in "
+                f"model.arch.seq_len={cfg.model.arch.seq_len} differs from seq_len={manifest.seq_len} in "
                 f"{manifest_path}; prepare shards with --seq-len {cfg.model.arch.seq_len} or set model.arch.seq_len"
             )
-        cfg.model.arch.vocab_size = manifest["vocab_size"]  # the tokenizer defines it; linked, never repeated
+        cfg.model.arch.vocab_size = manifest.vocab_size  # the tokenizer defines it; linked, never repeated
 
     def _configure_logger(
         self, cfg: Namespace, arch: ModelConfig, attention: AttentionConfig, name: str

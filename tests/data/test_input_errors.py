@@ -90,11 +90,6 @@ def test_each_bad_input_ends_in_one_line(tiny_shards: Path, mlflow_uri: str, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="lightning_modules/training/cli.py (_link_manifest) parses manifest.json with json.loads itself; it "
-    "needs data.manifest.Manifest.load, whose ManifestError main.py reports in one line",
-)
 def test_garbled_manifest_for_main_ends_in_one_line(
     tiny_shards: Path, mlflow_uri: str, tmp_path: Path
 ) -> None:

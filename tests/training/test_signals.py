@@ -1,0 +1,159 @@
+"""A fit asked to stop by a signal (lightning_modules/training/signals.py), through the real `main.py fit`
+with loader workers: SIGTERM to its whole process group, as SLURM's scancel and preemption send it, or Ctrl-C
+(SIGINT to the process group too, as a terminal sends it; data/datamodule.py's workers leave both to the fit),
+after a few steps. The fit saves the step it is in (the only checkpoint before the end here), ends its MLflow
+run KILLED with `stopped_by` and `stopped_at_step`, prints one line naming the checkpoint, and exits 128 + the
+signal's number; resumed from that checkpoint it ends with the uninterrupted run's weights (bitwise) and
+per-step losses, each step logged once. Outside training a signal stops at once; SIGUSR1 is Lightning's
+under SLURM."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from lightning_modules.training import signals
+from tests.conftest import TINY_SEQ_LEN
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 6
+# No checkpoint of the fit's own before the end, so the one at the signal is the stop's; not 100, which
+# conf/base.yaml's checkpoint callback has (two callbacks alike cannot share a checkpoint).
+EVERY = 50
+MARKS = "tests.training.signal_callbacks.MarkSteps"
+
+
+@pytest.fixture(scope="module")
+def fi() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "scripts" / "fault_injection.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fault_injection"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fit(fi: ModuleType, shards: Path, workdir: Path, extra: list[str]) -> list[str]:
+    return fi.fit_command(shards, STEPS, TINY_SEQ_LEN, workdir / "ck", extra, every=EVERY)
+
+
+def _run(fi: ModuleType, cmd: list[str], workdir: Path) -> subprocess.CompletedProcess[str]:
+    tmpdir = fi.process_tmpdir(workdir.name)
+    try:
+        return subprocess.run(
+            cmd, cwd=workdir, env=fi._env(workdir, tmpdir), capture_output=True, text=True, timeout=600
+        )
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def reference(fi: ModuleType, tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    done = _run(fi, _fit(fi, tiny_shards, workdir, []), workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+def _the_run(workdir: Path) -> Run:
+    client = MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "group"), [(signal.SIGTERM, True), (signal.SIGINT, True)], ids=["sigterm-to-the-group", "ctrl-c"]
+)
+def test_signal_saves_the_step_marks_the_run_and_resumes_exactly(
+    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path, sig: signal.Signals, group: bool
+) -> None:
+    marks, ckpt = tmp_path / "marks", tmp_path / "ck"
+    tmpdir = fi.process_tmpdir("signalled")
+    cmd = _fit(
+        fi, tiny_shards, tmp_path, [f"--trainer.callbacks+={MARKS}", "--trainer.callbacks.folder", str(marks)]
+    )
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=fi._env(tmp_path, tmpdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=group,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (marks / "2").exists():  # two steps trained: stop in the third (or at the second's end)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no second step within 300 s"
+            time.sleep(0.01)
+        if group:  # a scheduler or a terminal: the whole process group, loader workers too
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    assert proc.returncode == 128 + sig, err[-3000:]
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    found = re.search(rf"main.py: error: stopped by {sig.name} after step (\d+): saved (\S+);", lines[0])
+    assert found, lines[0]
+    step, saved = int(found.group(1)), found.group(2)
+    assert 2 <= step < STEPS and saved == str(ckpt / "last.ckpt"), lines[0]
+    assert f"--ckpt_path {saved}" in lines[0]
+    assert torch.load(saved, map_location="cpu", weights_only=True)["global_step"] == step
+    assert (ckpt / f"epoch=0-step={step}.ckpt").is_file()
+    run = _the_run(tmp_path)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["stopped_by"] == sig.name and run.data.tags["stopped_at_step"] == str(step)
+    history = fi.loss_history(tmp_path)
+    assert sorted(history) == list(range(step)) and all(len(v) == 1 for v in history.values())
+
+    done = _run(fi, _fit(fi, tiny_shards, tmp_path, ["--ckpt_path", saved]), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = fi.final_state(reference / "ck"), fi.final_state(ckpt)
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # bitwise
+    assert fi.loss_history(tmp_path) == fi.loss_history(reference)  # every step once, bitwise equal
+    run = _the_run(tmp_path)
+    assert run.info.status == "FINISHED" and "stopped_by" not in run.data.tags
+    assert run.data.tags["stop_history"] == f"{sig.name} at step {step}"
+
+
+def test_a_signal_outside_training_stops_at_once_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def body() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises in here
+        return 0
+
+    before, started = signal.getsignal(signal.SIGTERM), time.monotonic()
+    assert signals.run_stoppable(body, "prog") == 143
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "prog: error: stopped by SIGTERM outside a training step: nothing new to save; run the command again"
+    ]
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+    assert [signals.exit_code(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)] == [143, 130, 138]
+
+
+def test_sigusr1_is_left_to_lightning_under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    assert signal.SIGUSR1 in signals.stop_signals()
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "lrkv-lab")
+    assert signals.stop_signals() == (signal.SIGTERM, signal.SIGINT)
