@@ -273,7 +273,7 @@ def decode_speed(
             "ms_per_step": 1000 * seconds / args.steps,
             "tokens_per_cpu_s": args.batch * args.steps / cpu_seconds,  # per second of this process's CPU
             "decode_flops_per_token": flops,
-            "achieved_gflops": args.batch * args.steps * flops / seconds / 1e9,
+            "achieved_gflops": args.steps * step_flops / seconds / 1e9,  # this arm's counted FLOPs
             "run_cache_bytes": cache,
             "weights_bytes": weights,
             "step_bytes": step_bytes,

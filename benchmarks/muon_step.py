@@ -3,6 +3,12 @@ orthogonalises the matrices it owns, lightning_modules/optim/distributed.py) aga
 (every rank gathers and orthogonalises every matrix), same model, same gradients, same run.
 
     python benchmarks/muon_step.py [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
+    python benchmarks/muon_step.py --reference-loop [--size 20m] [--attention lrkv] [--threads 1] [--steps 5]
+
+--reference-loop: one process, no FSDP: Newton-Schulz batched over equal-shaped matrices (the default,
+lightning_modules/optim/muon.py) against the per-matrix reference loop (batched_newton_schulz=False), same
+model, same fixed gradients, alternating the two paths step by step so that load from other jobs falls on
+both; median wall and CPU (process) time of the timed steps, and Newton-Schulz calls per step.
 
 Each rank runs one thread. The model is sharded by `parallelize` as in training, given fixed random
 gradients, and each path takes warm-up steps, then `--steps` timed steps (median of the slowest rank per
@@ -73,12 +79,60 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
             "step_s": statistics.median(times),
             "ns_gflops_per_rank": [f / 1e9 for f in flops],
             "transient_mib": opt.transient_bytes / 2**20,
+            "ns_calls_per_rank": opt.ns_calls // (WARMUP + args.steps),
         }
     if rank == 0:
         result["params"] = sum(p.numel() for p in model.parameters())
         Path(out).write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def reference_loop(args: argparse.Namespace) -> dict:
+    """Batched against loop Newton-Schulz in one process: both optimisers step the same model from the same
+    gradients (the parameters drift apart by float rounding at most, which does not change the work)."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config, _ = costs.load_configs([costs.fragment("model", args.size)])
+    model = Transformer(config, AttentionConfig(kind=args.attention))
+    g = torch.Generator().manual_seed(1)
+    grads = {name: torch.randn(p.shape, generator=g) * 1e-3 for name, p in model.named_parameters()}
+    opts = {}
+    for label, batched in (("loop", False), ("batched", True)):
+        opts[label] = build_optimizer(model, OptimizerConfig(name="muon", lr=0.02))
+        opts[label].batched_newton_schulz = batched
+    wall: dict[str, list[float]] = {label: [] for label in opts}
+    cpu: dict[str, list[float]] = {label: [] for label in opts}
+    for step in range(WARMUP + args.steps):
+        for label, opt in opts.items():
+            for name, p in model.named_parameters():
+                p.grad = grads[name]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            opt.step()
+            if step >= WARMUP:
+                wall[label].append(time.perf_counter() - start)
+                cpu[label].append(time.process_time() - start_cpu)
+    muon = [
+        s
+        for g in opts["loop"].param_groups
+        if g["use_muon"]
+        for p in g["params"]
+        for s in opts["loop"].block_shapes(p)
+    ]
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "matrices": len(muon),
+        "shapes": len(set(muon)),
+        **{
+            label: {
+                "step_s": statistics.median(wall[label]),
+                "cpu_s": statistics.median(cpu[label]),
+                "ns_calls_per_step": opt.ns_calls // (WARMUP + args.steps),
+                "ns_gflops_per_step": opt.ns_flops / (WARMUP + args.steps) / 1e9,
+            }
+            for label, opt in opts.items()
+        },
+    }
 
 
 def main() -> None:
@@ -90,7 +144,29 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--reference-loop", action="store_true", help="one process: batched vs loop")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (--reference-loop)")
     args = parser.parse_args()
+    if args.reference_loop:
+        result = reference_loop(args)
+        if args.json:
+            print(json.dumps(result))
+            return
+        print(
+            f"{args.size} {args.attention}, {result['params'] / 1e6:.1f}M parameters, one process, "
+            f"{args.threads} thread(s), {result['matrices']} Muon matrices in {result['shapes']} shapes"
+        )
+        for label in ("loop", "batched"):
+            r = result[label]
+            print(
+                f"  {label:8s} step {r['step_s'] * 1e3:8.1f} ms  CPU {r['cpu_s'] * 1e3:8.1f} ms  "
+                f"Newton-Schulz calls {r['ns_calls_per_step']:5d}  GFLOPs {r['ns_gflops_per_step']:.2f}"
+            )
+        print(
+            f"  speed-up {result['loop']['step_s'] / result['batched']['step_s']:.2f}x (wall), "
+            f"{result['loop']['cpu_s'] / result['batched']['cpu_s']:.2f}x (CPU)"
+        )
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -105,7 +181,10 @@ def main() -> None:
     for label in ("earlier", "split"):
         r = result[label]
         gflops = ", ".join(f"{f:.2f}" for f in r["ns_gflops_per_rank"])
-        print(f"  {label:8s} step {r['step_s'] * 1e3:8.1f} ms   Newton-Schulz GFLOPs per rank [{gflops}]")
+        print(
+            f"  {label:8s} step {r['step_s'] * 1e3:8.1f} ms   Newton-Schulz GFLOPs per rank [{gflops}], "
+            f"calls on rank 0 {r['ns_calls_per_rank']}"
+        )
     print(f"  speed-up {result['earlier']['step_s'] / result['split']['step_s']:.2f}x")
     print(f"  split exchange transient buffers {result['split']['transient_mib']:.1f} MiB per rank")
 

@@ -10,7 +10,8 @@ hybrid mesh), so each rank holds some rows of every matrix. One step here is:
 2. gather: one all_to_all sends every rank's rows of a matrix to the matrix's owner. An owner takes the
    rows from the ranks of its own replica (same coordinate on the replicate mesh dimension), which hold
    each row exactly once;
-3. each owner orthogonalises its matrices whole (the same function, on the same values, as one process);
+3. each owner orthogonalises its matrices whole (the same function, on the same values, as one process;
+   batched over equal shapes by lightning_modules/optim/muon.py, which is why it gets them all at once);
 4. scatter: a second all_to_all sends each rank the rows of every result that it holds. Newton-Schulz
    returns bf16, so the results travel in bf16, which is exact.
 
@@ -119,9 +120,10 @@ class Plan:
         return max(m.start, lo), min(m.stop, hi)
 
     def exchange(
-        self, local: Sequence[Tensor], orthogonalise: Callable[[Tensor], Tensor]
+        self, local: Sequence[Tensor], orthogonalise: Callable[[list[Tensor]], list[Tensor]]
     ) -> tuple[list[Tensor], int]:
-        """local: this rank's rows of every parameter's update. Returns this rank's rows of every
+        """local: this rank's rows of every parameter's update; orthogonalise: the owned matrices, whole, to
+        their orthogonalised matrices, in order. Returns this rank's rows of every
         orthogonalised update, and the bytes of the transient buffers this step allocated."""
         flat = [t.reshape(t.shape[0], -1) for t in local]
         dtype = flat[0].dtype if flat else torch.float32
@@ -174,12 +176,13 @@ class Plan:
         flat: list[Tensor],
         recv_buf: Tensor,
         recv_sizes: list[int],
-        orthogonalise: Callable[[Tensor], Tensor],
+        orthogonalise: Callable[[list[Tensor]], list[Tensor]],
     ) -> list[Tensor]:
-        """Each matrix I own, its rows taken from its sources in row order, orthogonalised whole."""
+        """Each matrix I own, its rows taken from its sources in row order, orthogonalised whole (all of
+        them in one call, so that equal shapes can be batched)."""
         pieces = list(recv_buf.split(recv_sizes))
         cursor = [0] * self.world
-        results: list[Tensor] = []
+        matrices: list[Tensor] = []
         for m in self.owned:
             rows = []
             for s in sorted(self.sources[self.me], key=lambda s: self.rows[m.param][s][0]):
@@ -188,8 +191,11 @@ class Plan:
                     n = (hi - lo) * flat[m.param].shape[1]
                     rows.append(pieces[s][cursor[s] : cursor[s] + n])
                     cursor[s] += n
-            results.append(orthogonalise(torch.cat(rows).reshape(m.shape)).reshape(m.stop - m.start, -1))
-        return results
+            # a matrix from one source is a view of the receive buffer: no fp32 copy of every owned matrix
+            whole = rows[0] if len(rows) == 1 else torch.cat(rows)
+            matrices.append(whole.view(m.shape))
+        results = orthogonalise(matrices)
+        return [r.reshape(m.stop - m.start, -1) for m, r in zip(self.owned, results, strict=True)]
 
     # 3. scatter: every rank's rows of my results, back to it
     def _scatter(

@@ -24,11 +24,19 @@ rows, so Newton-Schulz costs each rank about 1/world of the total. `distribute_n
 the earlier path (every rank gathers and orthogonalises every matrix; benchmarks/muon_step.py compares the
 two). tests/optim/test_fsdp_muon.py shows the sharded step equals the unsharded one, bitwise, on both paths.
 `ns_flops` counts the Newton-Schulz FLOPs this rank has run.
+
+Newton-Schulz is batched over equal-shaped matrices (`batched_newton_schulz`, the default): the logical
+matrices of a step are grouped by shape and device, stacked, and each group runs one batched iteration
+(per-matrix Frobenius norms, the tall-matrix transpose applied to the whole group), so a step makes one
+Newton-Schulz call per shape rather than one per matrix; LRKV's (H, d_h, r) factors would otherwise add
+2H calls per layer. `orthogonalise` (one call per matrix) stays as the reference the batched path is tested
+against (tests/optim/test_muon_batched.py); on CPU the two are bitwise equal. `ns_calls` counts the
+Newton-Schulz calls this rank has made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -44,8 +52,9 @@ from lightning_modules.optim.distributed import Plan, mesh_key, ns_flops
 def orthogonalise(
     update: Tensor, rows: tuple[int, ...] | None, ns: tuple[float, float, float], steps: int, eps: float
 ) -> Tensor:
-    """Newton-Schulz per logical matrix: each (rows_i, cols) block of a 2-D update, or each matrix of a 3-D
-    update, is orthogonalised alone; the result has update's shape."""
+    """Newton-Schulz per logical matrix, one call each: each (rows_i, cols) block of a 2-D update, or each
+    matrix of a 3-D update, is orthogonalised alone; the result has update's shape. The reference for
+    `orthogonalise_batched` (and the path taken with batched_newton_schulz=False)."""
     if update.ndim == 3:
         return torch.stack([_zeropower_via_newtonschulz(m, ns, steps, eps) for m in update])
     if rows is None:
@@ -53,6 +62,91 @@ def orthogonalise(
     return torch.cat(
         [_zeropower_via_newtonschulz(block, ns, steps, eps) for block in update.split(list(rows))]
     )
+
+
+def newton_schulz_batched(stack: Tensor, ns: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+    """torch's _zeropower_via_newtonschulz on each matrix of a (B, m, n) stack, in one call per operation.
+
+    The same operations in the same order on each matrix: bf16, transposed when tall (m > n; every matrix of
+    the stack has the same shape, so the rule holds for the whole stack), divided by its own Frobenius norm,
+    then `steps` quintic iterations with baddbmm in place of addmm. Returns a (B, m, n) bf16 tensor."""
+    a, b, c = ns
+    x = stack.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    # out of place: when stack is already bf16, x is stack itself, which the caller may still need
+    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        gram_update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, gram_update, x, beta=a)
+    return x.mT if tall else x
+
+
+def pieces(shape: torch.Size, rows: tuple[int, ...] | None) -> list[tuple[int, int, torch.Size]]:
+    """A parameter's logical matrices as runs of equal-shaped ones: (first row of the run in the parameter's
+    rows viewed as (-1, cols), matrices in the run, matrix shape). A run is a contiguous (k, m, n) view, so
+    it is copied into (and out of) a stack with one call however many matrices it holds."""
+    if len(shape) == 3:
+        return [(0, shape[0], torch.Size(shape[1:]))]
+    out: list[tuple[int, int, torch.Size]] = []
+    start = 0
+    for r in rows or (shape[0],):
+        if out and out[-1][2][0] == r:
+            out[-1] = (out[-1][0], out[-1][1] + 1, out[-1][2])
+        else:
+            out.append((start, 1, torch.Size((r, shape[1]))))
+        start += r
+    return out
+
+
+def orthogonalise_batched(
+    specs: Sequence[tuple[torch.Size, tuple[int, ...] | None, torch.device]],
+    updates: Iterable[Tensor],
+    ns: tuple[float, float, float],
+    steps: int,
+    eps: float,
+    max_elements: int,
+) -> tuple[list[Tensor], int]:
+    """`orthogonalise` on many updates at once: (shape, row blocks, device) of each, and the updates
+    themselves, produced one at a time (a generator keeps one update alive, not all of them). Every logical
+    matrix is copied, as bf16, into the stack of its (shape, device), and each stack is orthogonalised by
+    `newton_schulz_batched`, at most max_elements elements per call (the call's transient buffers are a few
+    times that). The source dtype is not part of the key: each run is rounded to bf16 as it is copied in,
+    which is what torch's .bfloat16() does to each matrix, so the values are those of the reference.
+    Returns each update orthogonalised (bf16, its shape; views into the stacks where it is one run) and
+    the number of Newton-Schulz calls made."""
+    where: list[list[tuple[tuple, int, int, int]]] = []  # per update: (key, index in stack, run, first row)
+    sizes: dict[tuple, int] = {}
+    for shape, rows, device in specs:
+        runs = []
+        for start, k, matrix in pieces(shape, rows):
+            key = (matrix, device)
+            runs.append((key, sizes.get(key, 0), k, start))
+            sizes[key] = sizes.get(key, 0) + k
+        where.append(runs)
+    stacks = {key: torch.empty((n, *key[0]), dtype=torch.bfloat16, device=key[1]) for key, n in sizes.items()}
+    for runs, update in zip(where, updates, strict=True):
+        flat = update.reshape(-1, update.shape[-1])
+        for key, j, k, start in runs:
+            m, n = key[0]
+            stacks[key][j : j + k].copy_(flat[start : start + k * m].view(k, m, n))
+    calls = 0
+    for (matrix, _), stack in stacks.items():
+        chunk = max(1, max_elements // matrix.numel())
+        for lo in range(0, stack.shape[0], chunk):
+            # in place: the chunk's input is no longer needed once its result exists
+            stack[lo : lo + chunk].copy_(newton_schulz_batched(stack[lo : lo + chunk], ns, steps, eps))
+            calls += 1
+    out = []
+    for (shape, _, _), runs in zip(specs, where, strict=True):
+        parts = [stacks[key][j : j + k] for key, j, k, _ in runs]
+        if len(parts) == 1:
+            out.append(parts[0].view(shape))
+        else:  # row blocks of unequal shapes, from several stacks
+            out.append(torch.cat([t.reshape(-1, shape[-1]) for t in parts]).view(shape))
+    return out, calls
 
 
 def local_rows(p: DTensor, full: Tensor) -> tuple[Tensor, int]:
@@ -63,6 +157,10 @@ def local_rows(p: DTensor, full: Tensor) -> tuple[Tensor, int]:
     shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
     _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     return shard, offset[0]
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def check_placements(p: Tensor) -> None:
@@ -89,10 +187,15 @@ class MuonAdamW(Optimizer):
         adam_eps: float = 1e-8,
         blocks: dict[Tensor, tuple[int, ...]] | None = None,
         distribute_newton_schulz: bool = True,
+        batched_newton_schulz: bool = True,
+        ns_batch_elements: int = 2**24,
     ) -> None:
         """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps).
         distribute_newton_schulz: under FSDP, each rank orthogonalises only its share of the matrices
-        (module docstring); False: every rank orthogonalises every matrix."""
+        (module docstring); False: every rank orthogonalises every matrix.
+        batched_newton_schulz: one batched Newton-Schulz call per matrix shape (module docstring); False:
+        one call per matrix (the reference loop). ns_batch_elements: most matrix elements in one batched
+        call, which bounds its transient buffers (bf16, a few times that: 2**24 is about 100 MiB)."""
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -109,7 +212,10 @@ class MuonAdamW(Optimizer):
         super().__init__(params, defaults)
         self.blocks = blocks or {}
         self.distribute_newton_schulz = distribute_newton_schulz
+        self.batched_newton_schulz = batched_newton_schulz
+        self.ns_batch_elements = ns_batch_elements
         self.ns_flops = 0  # Newton-Schulz FLOPs run on this rank so far
+        self.ns_calls = 0  # Newton-Schulz calls made on this rank so far (a batched call counts once)
         self.transient_bytes = 0  # largest transient buffers of one distributed exchange so far
         self._plans: dict[tuple, Plan] = {}
         for group in self.param_groups:
@@ -172,23 +278,51 @@ class MuonAdamW(Optimizer):
         for ps in sharded.values():
             plan = self._plan(ps, steps)
             results, transient = plan.exchange(
-                [nesterov(p).to_local() for p in ps], lambda m: _zeropower_via_newtonschulz(m, ns, steps, eps)
+                [nesterov(p).to_local() for p in ps], self._orthogonaliser(ns, steps, eps)
             )
             self.ns_flops += plan.flops_per_rank[plan.me]
             self.transient_bytes = max(self.transient_bytes, transient)
             for j, (p, result) in enumerate(zip(ps, results, strict=True)):
                 done[p] = (result, plan.rows[j][plan.me][0])
-        for p in params:
-            if p in done:
-                update, offset = done.pop(p)
-            else:  # one process, DDP, or the earlier FSDP path: every matrix here, whole
-                update = nesterov(p)
-                update = update.full_tensor() if isinstance(update, DTensor) else update
-                update = orthogonalise(update, self.blocks.get(p), ns, steps, eps)
-                self.ns_flops += sum(ns_flops(shape, steps) for shape in self.block_shapes(p))
-                update, offset = local_rows(p, update) if isinstance(p, DTensor) else (update, 0)
+        # one process, DDP, or the earlier FSDP path: every matrix here, whole
+        rest = [p for p in params if p not in done]
+        fulls = (full_tensor(nesterov(p)) for p in rest)  # lazily: one full fp32 update alive at a time
+        updates: Iterable[Tensor]
+        if self.batched_newton_schulz:
+            specs = [(p.shape, self.blocks.get(p), p.device) for p in rest]
+            updates, calls = orthogonalise_batched(specs, fulls, ns, steps, eps, self.ns_batch_elements)
+            self.ns_calls += calls
+        else:
+            updates = (
+                orthogonalise(u, self.blocks.get(p), ns, steps, eps) for p, u in zip(rest, fulls, strict=True)
+            )
+            self.ns_calls += sum(len(self.block_shapes(p)) for p in rest)
+        # each parameter is applied as soon as its update exists (the loop keeps one alive at a time); the
+        # parameters are independent, so the order does not change the values
+        for p, update in zip(rest, updates, strict=True):
+            self.ns_flops += sum(ns_flops(shape, steps) for shape in self.block_shapes(p))
+            update, offset = local_rows(p, update) if isinstance(p, DTensor) else (update, 0)
             p.mul_(1 - lr * group["weight_decay"])
             self._apply(p, update, offset, lr, group["adjust_lr_fn"])
+        for p, (update, offset) in done.items():
+            p.mul_(1 - lr * group["weight_decay"])
+            self._apply(p, update, offset, lr, group["adjust_lr_fn"])
+
+    def _orthogonaliser(
+        self, ns: tuple[float, float, float], steps: int, eps: float
+    ) -> Callable[[list[Tensor]], list[Tensor]]:
+        """What the distributed split runs on the matrices a rank owns: batched, or the reference loop."""
+
+        def run(matrices: list[Tensor]) -> list[Tensor]:
+            if not self.batched_newton_schulz:
+                self.ns_calls += len(matrices)
+                return [_zeropower_via_newtonschulz(m, ns, steps, eps) for m in matrices]
+            specs = [(m.shape, None, m.device) for m in matrices]
+            out, calls = orthogonalise_batched(specs, matrices, ns, steps, eps, self.ns_batch_elements)
+            self.ns_calls += calls
+            return out
+
+        return run
 
     def _plan(self, params: list[Tensor], steps: int) -> Plan:
         key = (steps, *(id(p) for p in params))
