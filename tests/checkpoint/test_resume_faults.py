@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import shutil
@@ -20,18 +19,14 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import TINY_SEQ_LEN
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "scripts" / "fault_injection.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fault_injection"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/fault_injection.py", "fault_injection")
 
 
 @pytest.fixture(scope="module")

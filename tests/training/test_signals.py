@@ -9,13 +9,11 @@ under SLURM."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from lightning_modules.training import signals
 from tests.conftest import TINY_SEQ_LEN
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -38,12 +37,7 @@ MARKS = "tests.training.signal_callbacks.MarkSteps"
 
 @pytest.fixture(scope="module")
 def fi() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "scripts" / "fault_injection.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fault_injection"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/fault_injection.py", "fault_injection")
 
 
 def _fit(fi: ModuleType, shards: Path, workdir: Path, extra: list[str]) -> list[str]:
