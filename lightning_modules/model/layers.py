@@ -38,6 +38,9 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._tables(max_seq_len)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        # [cos | sin] side by side, (max_seq_len, dim): the basis LRKV's decode scores against every step
+        # (model/attention/lrkv_decode.py), kept so a step reads a view instead of concatenating per layer.
+        self.register_buffer("basis", torch.cat([cos, sin], dim=-1), persistent=False)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:
         """theta_i = base^(-2i / dim), fp32: the angle of pair i at position t is t * theta_i."""
@@ -55,6 +58,13 @@ class RotaryEmbedding(nn.Module):
         if end > self.cos.shape[0]:
             return self._tables(end, self.cos.device)
         return self.cos, self.sin
+
+    def basis_table(self, end: int) -> Tensor:
+        """[cos | sin] for positions 0 .. end - 1, (end, dim): a view of the stored one, or computed when a
+        generation runs past max_seq_len."""
+        if end > self.basis.shape[0]:
+            return torch.cat(self._tables(end, self.basis.device), dim=-1)
+        return self.basis[:end]
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """x: (B, T, heads, dim), positions start .. start + T - 1."""

@@ -31,6 +31,7 @@ def test_latent_scores_equal_q_dot_normalised_rotated_keys() -> None:
         -torch.arange(dh // 2, dtype=torch.float64) * 2 / dh
     )
     rope.cos, rope.sin = angle.cos(), angle.sin()  # exact tables, as rope_reference computes them
+    rope.basis = torch.cat([rope.cos, rope.sin], dim=-1)
     sigma = lrkv_decode.key_scale(k_s.unsqueeze(2) + torch.einsum("bshr,hdr->bshd", l_k, b_k), 1e-6)
     k_rot = rope((gain * k_s).unsqueeze(2)).squeeze(2)
     c = gain[:, None] * b_k

@@ -33,8 +33,7 @@ def score_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def rope_basis(rope: RotaryEmbedding, end: int, dtype: torch.dtype) -> Tensor:
     """F(t) = [cos(t theta) ; sin(t theta)] for t = 0 .. end - 1: (end, d_h), from RoPE's own fp32 tables."""
-    cos, sin = rope.tables(end)
-    return torch.cat([cos[:end], sin[:end]], dim=-1).to(dtype)
+    return rope.basis_table(end).to(dtype)  # a view when the dtype is the tables' own
 
 
 def query_maps(q: Tensor, c: Tensor) -> Tensor:
