@@ -46,6 +46,7 @@ from lightning_modules.optim.setup import OptimizerConfig
 from lightning_modules.tracking import runs
 from lightning_modules.tracking import store as tracking
 from lightning_modules.tracking import ui as mlflow_ui
+from lightning_modules.training.final_validation import ValidateLastStep
 from lightning_modules.training.language_model import Budget, LanguageModel
 from lightning_modules.training.signals import StopOnSignal
 
@@ -133,6 +134,9 @@ class LanguageModelCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":  # not a config entry: a fit without it would exit 0 on SIGTERM
             trainer.callbacks.append(StopOnSignal())
+        # Not a config entry either: every fit, the study's workers' included (they build the trainer without
+        # a subcommand), ends with a validation (final_validation.py); it acts only in a fit's training loop.
+        trainer.callbacks.append(ValidateLastStep())
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
