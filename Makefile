@@ -9,7 +9,8 @@ DATA_DIR ?= artifacts/shakespeare
 
 setup: $(STAMP)
 
-# torch is pinned and installed in the same command as the project, so pip never pulls a CUDA build.
+# pyproject.toml gives torch a range (a GPU machine keeps its own); the CPU build is pinned here, in the same
+# pip command as the project, so pip never pulls a CUDA build (docs/architecture.md, "Installing").
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

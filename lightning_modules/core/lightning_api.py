@@ -24,8 +24,9 @@ and tests/checkpoint/test_untrusted_folder.py that a real folder's index passes 
 
 Choice: these are gathered here, and tests/core/test_lightning_api.py checks each one's existence, signature and
 behaviour against the installed Lightning, so an upgrade that changes them fails that test, naming the API,
-instead of failing mid-run. The dependency stays `lightning>=2.5,<3` rather than pinned to one minor
+instead of failing mid-run. The dependency stays a range (pyproject.toml) rather than pinned to one minor
 release: a pin would block Lightning's fixes for everyone, while the test tells exactly which internal moved.
+Each private name used here is also listed in lightning_modules/core/private_api.py.
 """
 
 from __future__ import annotations
