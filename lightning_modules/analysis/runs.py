@@ -249,6 +249,12 @@ def _run_rows(client: MlflowClient, run: Run) -> pd.DataFrame:
     return rows
 
 
+def typed(table: pd.DataFrame) -> pd.DataFrame:
+    """A table read back from CSV (a committed evaluations.csv) with load_runs' columns, types and order."""
+    require_columns(table, COLUMNS, "typed")
+    return _typed_and_sorted(table)
+
+
 def _typed_and_sorted(table: pd.DataFrame) -> pd.DataFrame:
     table = table.reindex(columns=list(columns()))
     knobs = knob_types()

@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         help="with --report: also rewrite this README's block for the protocol (between its markers)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: results/<protocol>)")
+    parser.add_argument(
+        "--ledger", type=Path, default=None,
+        help="the committed results ledger whose done runs count as done (default: results/<protocol>)",
+    )  # fmt: skip
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
     parser.add_argument("--settle-s", type=_seconds, default=2.0, help="wait after claiming (store.py)")
     parser.add_argument(
@@ -66,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             from lightning_modules.study import report  # pandas and matplotlib: only a report needs them
 
-            report.write(protocol, uri, args.out, args.readme)  # a bad README: ValueError (summary.py)
+            # a bad README: ValueError (summary.py)
+            report.write(protocol, uri, args.out, args.readme, args.ledger)
             return 0
         tracking.check_reachable(uri)
         # A stale age the claim rule cannot work with is refused here, before anything is claimed.
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         from lightning_modules.study.runner import Runner  # only once the store answered
 
         command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-        runner = Runner(protocol, store, args.workers, args.checkpoints, command)
+        runner = Runner(protocol, store, args.workers, args.checkpoints, command, args.ledger)
         if args.plan:
             plan = runner.survey()
             print(runner.describe(plan))

@@ -26,7 +26,8 @@ from lightning_modules.tracking import runs
 from lightning_modules.training.language_model import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = {"description", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit", "checkpoint_every"}
+FIELDS = {"description", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit", "checkpoint_every",
+          "comparisons"}  # fmt: skip
 DEFAULT_EXPERIMENT = "lrkv-study"
 # Set by the runner for every run; a protocol's `fit` settings may not touch them.
 RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir", "trainer.logger")
@@ -106,6 +107,10 @@ class Protocol:
     labels: tuple[str, ...]  # arm labels in the protocol's order (of the first size)
     seeds: tuple[int, ...]
     checkpoint_every: int
+    # The declared primary comparisons (a, b) for a - b, by arm label; every other pair of arms is secondary.
+    # Holm's correction runs within each family (lightning_modules/analysis/families.py). Not part of any
+    # run's identity: declaring what to test changes no experiment.
+    primary: tuple[tuple[str, str], ...] = ()
 
 
 def _cli_value(value: Any) -> str:
@@ -180,6 +185,7 @@ def load(path: str | Path) -> Protocol:
             for attention, knobs in resolved
         ]
     first = str(tree["sizes"][0])
+    primary = _comparisons(tree, labels_by_size, where)
     return Protocol(
         name=path.stem,
         path=path.resolve(),
@@ -190,6 +196,7 @@ def load(path: str | Path) -> Protocol:
         labels=tuple(labels_by_size[first]),
         seeds=tuple(seeds),
         checkpoint_every=every,
+        primary=primary,
     )
 
 
@@ -286,6 +293,35 @@ def _checkpoint_every(tree: dict[str, Any], where: str) -> int:
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ConfigError(f"{where}: checkpoint_every={every}: must be an integer >= 1 (optimizer steps)")
     return every
+
+
+def _comparisons(
+    tree: dict[str, Any], labels_by_size: dict[Any, list[str]], where: str
+) -> tuple[tuple[str, str], ...]:
+    """`comparisons: {primary: [[a, b], ...]}`: pairs of two different arm labels of one size, each once."""
+    raw = tree.get("comparisons")
+    if raw is None:
+        return ()
+    example = "comparisons: {primary: [[lrkv-r16, mha], [lrkv-r16, gqa-g2]]}"
+    if not isinstance(raw, dict) or set(map(str, raw)) != {"primary"} or not isinstance(raw["primary"], list):
+        raise ConfigError(f"{where}: `comparisons` must be a mapping with one list `primary`, e.g. {example}")
+    pairs: list[tuple[str, str]] = []
+    for i, pair in enumerate(raw["primary"]):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ConfigError(
+                f"{where}: comparisons.primary[{i}] must be two arm labels, e.g. [lrkv-r16, mha]"
+            )
+        a, b = pair
+        if a == b or not any(a in labels and b in labels for labels in labels_by_size.values()):
+            known = sorted({label for labels in labels_by_size.values() for label in labels})
+            raise ConfigError(
+                f"{where}: comparisons.primary[{i}] = [{a}, {b}]: needs two different arm labels of one size; "
+                f"the arms are {', '.join(known)}"
+            )
+        if frozenset(pair) in {frozenset(p) for p in pairs}:
+            raise ConfigError(f"{where}: comparisons.primary[{i}] = [{a}, {b}] is declared twice")
+        pairs.append((a, b))
+    return tuple(pairs)
 
 
 def _data(tree: dict[str, Any], where: str) -> tuple[Path, Path, str]:

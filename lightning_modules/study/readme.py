@@ -2,8 +2,9 @@
 
 report.write (lightning_modules/study/report.py) computes the tables and hands them here: the provenance
 header (runs, budget, machine, dates, commits, command), the final loss per arm, the paired differences to
-the baseline with the seed noise they resolve, the cache-matched differences, the budget saved to each target,
-the cache frontier and the figures. The front page's block is another text (lightning_modules/study/summary.py).
+the baseline with the seed noise they resolve, the cache-matched differences, every pair of arms at equal FLOPs
+and at equal tokens (primary family first, then secondary), the pooled arm + seed contrasts, the budget saved
+to each target, the cache frontier and the figures. The front page's block is another text (lightning_modules/study/summary.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from lightning_modules.costs.counts import BASELINE
 from lightning_modules.study import summary
 from lightning_modules.study.formatting import md_table, percent, plain, signed
 from lightning_modules.study.protocol import ROOT, Protocol
+from lightning_modules.study.summary import p_columns, p_value, resolved_header
 
-FILES = ("arms.csv", "vs_mha.csv", "cache_matched.csv", "tokens_to_target.csv", "flops_to_target.csv",
-         "cache_frontier.csv", "runs.csv", "evaluations.csv")  # fmt: skip
+FILES = ("arms.csv", "vs_mha.csv", "cache_matched.csv", "pairs.csv", "pooled.csv", "tokens_to_target.csv",
+         "flops_to_target.csv", "cache_frontier.csv", "runs.csv", "evaluations.csv")  # fmt: skip
 TIME = "%Y-%m-%d %H:%M:%S"  # how per_run's start_utc and end_utc are written (report.py _utc)
 
 
@@ -35,12 +37,18 @@ def readme(
     per_run: pd.DataFrame,
     planned: int,
     done: int,
+    pairs: pd.DataFrame | None = None,
+    pooled: pd.DataFrame | None = None,
 ) -> str:
     """The page: the tables of report.write (lightning_modules/study/report.py), section by section."""
     lines = _header(protocol, uri, per_run, planned, done)
     lines += _arms_section(arms)
     lines += _differences_section(diffs)
     lines += _matched_section(matched)
+    if pairs is not None:
+        lines += pairs_sections(pairs, bool(protocol.primary))
+    if pooled is not None:
+        lines += pooled_section(pooled)
     lines += _to_target_sections(to_target)
     lines += _frontier_section(cache)
     lines += _figures_section()
@@ -58,21 +66,43 @@ def _header(protocol: Protocol, uri: str, per_run: pd.DataFrame, planned: int, d
         "",
         protocol.description,
         "",
-        f"Regenerate this folder from the store: `python -m lightning_modules.study "
-        f"{_rel(protocol.path)} --report` (store `{uri}`, experiment `{protocol.experiment}`).",
+        f"Regenerate this folder from the store and this folder's ledger (runs.csv, evaluations.csv: runs done "
+        f"on other machines): `python -m lightning_modules.study {_rel(protocol.path)} --report` (store "
+        f"`{uri}`, experiment `{protocol.experiment}`).",
         "",
-        f"- Runs: {len(per_run)} reported, {done} of {planned} planned done "
+        f"- Runs: {done} of {planned} done "
         f"({len(protocol.sizes)} size(s) x {len(protocol.labels)} arms x {len(protocol.seeds)} seeds: "
-        f"{', '.join(map(str, protocol.seeds))}).",
-        f"- Budget: {first.budget.describe()} per run (equal training compute across arms); data "
+        f"{', '.join(map(str, protocol.seeds))}).{_remaining(protocol, per_run)}",
+        f"- Budget: {first.budget.describe()} per run ({_budget_kind(first.budget.flops)}); data "
         f"`{_rel(first.data_fragment)}`, manifest sha256 {first.data_hash}.",
         f"- Machine: {_machine(per_run)}",
+        f"- CPU kind (lightning_modules/core/precision.py): {_kinds(per_run)}.",
         f"- Date and wall time: {_span(per_run)}; {busy:.1f} min of run time summed over runs.",
         f"- Commit(s): {commits}.",
         f"- Command: `{command}`.",
         f"- Report written {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
         "",
     ]
+
+
+def _remaining(protocol: Protocol, per_run: pd.DataFrame) -> str:
+    """The runs not done yet, named, so a partial report says what is missing."""
+    done = set(zip(per_run["size"], per_run["label"], per_run["seed"], strict=True))
+    left = [
+        f"{s.size} {s.label} seed {s.seed}" for s in protocol.runs if (s.size, s.label, s.seed) not in done
+    ]
+    return f" Not done yet: {'; '.join(left)}." if left else ""
+
+
+def _budget_kind(flops: float | None) -> str:
+    return "equal training compute across arms" if flops is not None else "equal training tokens across arms"
+
+
+def _kinds(per_run: pd.DataFrame) -> str:
+    if "hardware" not in per_run:
+        return "not recorded"
+    counts = per_run["hardware"].fillna("not recorded").replace("", "not recorded").value_counts()
+    return ", ".join(f"{kind} ({n} runs)" for kind, n in counts.items())
 
 
 def _span(per_run: pd.DataFrame) -> str:
@@ -143,7 +173,8 @@ def _differences_section(diffs: pd.DataFrame) -> list[str]:
             "bpb diff": [
                 signed(r.bpb_diff_mean, r.bpb_diff_ci_low, r.bpb_diff_ci_high) for r in diffs.itertuples()
             ],
-            "resolved (CI excludes 0)": diffs["resolved"].map({True: "yes", False: "no"}),
+            **p_columns(diffs),
+            resolved_header(diffs): diffs["resolved"].map({True: "yes", False: "no"}),
         }
     )
     title = f"## Difference to {diffs['baseline'].iloc[0]}, paired by seed (arm - baseline; negative: better)"
@@ -160,8 +191,9 @@ def resolution(diffs: pd.DataFrame) -> str:
     return (
         f"Seed noise: the standard deviation of a paired difference over seeds is {sd.min():.4f}-{sd.max():.4f} "
         f"nats, so with {n} pairs a gap is resolved when it exceeds the 95 % half-width "
-        f"{half.min():.4f}-{half.max():.4f} nats (t x sd / sqrt(n)); "
-        f"{int(diffs['resolved'].sum())} of {len(diffs)} differences are."
+        f"{half.min():.4f}-{half.max():.4f} nats (t x sd / sqrt(n)) before any correction for testing many "
+        f"pairs; {int(diffs['resolved'].sum())} of {len(diffs)} differences are resolved"
+        + (" after Holm's correction within their family (Holm p < 0.05)." if "p_holm" in diffs else ".")
     )
 
 
@@ -174,6 +206,124 @@ def _matched_section(matched: pd.DataFrame) -> list[str]:
         md_table(summary.matched_view(matched)),
         "",
     ]
+
+
+def pairs_sections(pairs: pd.DataFrame, declared: bool) -> list[str]:
+    """Every pair of arms, per view: the primary family's table first, then the secondary one."""
+    if pairs.empty:
+        return []
+    lines = [
+        "## Every pair of arms, paired by seed (a - b; negative: a is better)",
+        "",
+        _families_text(pairs, declared),
+        "",
+    ]
+    for view, title in (("equal_flops", "At equal FLOPs: final test CE (the protocol's budget)"),
+                        ("equal_tokens", "At equal tokens: validation CE at the pair's common token count")):  # fmt: skip
+        part = pairs[pairs["view"] == view]
+        if part["n_pairs"].sum() == 0:  # nothing to tabulate: only the sentence saying why
+            lines += [f"### {title}", "", _equal_tokens_text(part), ""]
+            continue
+        for fam in ("primary", "secondary"):
+            rows = part[part["family"] == fam]
+            if not rows.empty:
+                lines += [
+                    f"### {title}, {fam} family ({len(rows)} pairs)",
+                    "",
+                    md_table(_pairs_view(rows)),
+                    "",
+                ]
+        if view == "equal_tokens":
+            lines += [_equal_tokens_text(part), ""]
+    lines += ["![paired differences](pairs.png)", "", "Every row: `pairs.csv`.", ""]
+    return lines
+
+
+def _families_text(pairs: pd.DataFrame, declared: bool) -> str:
+    flops = pairs[pairs["view"] == "equal_flops"]
+    counts = flops["family"].value_counts()
+    head = (
+        f"{counts.get('primary', 0)} primary comparison(s) declared by the protocol (`comparisons.primary`)"
+        if declared
+        else "No primary comparison was declared (the protocol has no `comparisons.primary`): every pair is secondary"
+    )
+    return (
+        f"{head}; {counts.get('secondary', 0)} secondary pair(s). p is the paired t-test's (two-sided, n - 1 "
+        "degrees of freedom); Holm p is Holm's step-down adjustment within the family and view, which keeps the "
+        "chance of any false claim in the family at 5 %; resolved: Holm p < 0.05."
+    )
+
+
+def _pairs_view(rows: pd.DataFrame) -> pd.DataFrame:
+    at_tokens = {}  # the common token count: only the equal-token view has one
+    if (rows["view"] == "equal_tokens").all():
+        at_tokens = {"at tokens": rows["tokens_mean"].map(lambda v: "" if math.isnan(v) else _whole(v))}
+    return pd.DataFrame(
+        {
+            "size": rows["size"],
+            "a - b": [f"{r.a} - {r.b}" for r in rows.itertuples()],
+            "pairs": [
+                f"{r.n_pairs}" + (f" ({r.n_dropped} dropped)" if r.n_dropped else "")
+                for r in rows.itertuples()
+            ],
+            **at_tokens,
+            "diff": [signed(r.diff_mean, r.ci_low, r.ci_high) for r in rows.itertuples()],
+            "sd": rows["diff_sd"].map(lambda v: "" if math.isnan(v) else f"{v:.4f}"),
+            "p": rows["p"].map(p_value),
+            "Holm p": rows["p_holm"].map(p_value),
+            "resolved": rows["resolved"].map({True: "yes", False: "no"}),
+        }
+    )
+
+
+def _equal_tokens_text(part: pd.DataFrame) -> str:
+    dropped = int(part["n_dropped"].sum())
+    text = (
+        "Equal tokens: each seed's pair is read at the smaller of the two runs' final token counts, on each run's "
+        "validation curve interpolated linearly in tokens, never extrapolated"
+    )
+    if dropped == 0:
+        return text + "; no pair was dropped."
+    total = dropped + int(part["n_pairs"].sum())
+    return (
+        text
+        + f"; {dropped} of {total} seed pairs were dropped because a run's last validation came before that "
+        "count (validate at the end of training to keep them)."
+    )
+
+
+def pooled_section(pooled: pd.DataFrame) -> list[str]:
+    """The pooled arm + seed model's contrasts, primary family first, and the assumption they rest on."""
+    if pooled.empty:
+        return []
+    first = pooled.iloc[0]
+    lines = [
+        "## Pooled arm + seed model (final test CE = mu + arm + seed + noise, least squares per size)",
+        "",
+        f"Residual sd {first['residual_sd']:.4f} nats with {int(first['df'])} degrees of freedom "
+        f"({int(first['n_arms'])} arms x {int(first['n_seeds'])} complete seeds"
+        + (f", {int(first['seeds_dropped'])} incomplete seed(s) left out" if first["seeds_dropped"] else "")
+        + "). The noise is estimated from every arm's residuals at once, so the intervals are tighter than one "
+        "pair's, on the assumption that the noise is homogeneous (every pair of arms scatters alike over seeds, "
+        "no arm x seed interaction); the per-pair tables above do not assume it. Holm within each family.",
+        "",
+    ]
+    for fam in ("primary", "secondary"):
+        rows = pooled[pooled["family"] == fam]
+        if rows.empty:
+            continue
+        view = pd.DataFrame(
+            {
+                "size": rows["size"],
+                "a - b": [f"{r.a} - {r.b}" for r in rows.itertuples()],
+                "diff": [signed(r.diff_mean, r.ci_low, r.ci_high) for r in rows.itertuples()],
+                "p": rows["p"].map(p_value),
+                "Holm p": rows["p_holm"].map(p_value),
+                "resolved": rows["resolved"].map({True: "yes", False: "no"}),
+            }
+        )
+        lines += [f"### {fam} family ({len(rows)} pairs)", "", md_table(view), ""]
+    return lines + ["Every row: `pooled.csv`.", ""]
 
 
 def _to_target_sections(to_target: dict[str, pd.DataFrame]) -> list[str]:

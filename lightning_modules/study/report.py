@@ -6,13 +6,18 @@ with lightning_modules/analysis doing the statistics:
 - cache_matched.csv   per arm caching exactly as many bytes per token as an lrkv arm: arm - lrkv, paired
                       by seed, with intervals (the paper's open question)
 - vs_mha.csv          per arm: test CE and bpb minus mha's, paired by seed (same seed = same init and data
-                      order), mean and 95 % t-interval over the pairs; `resolved` when the interval excludes 0
+                      order), mean and 95 % t-interval over the pairs, the paired t-test's p and its Holm-
+                      adjusted p within the pair's family; `resolved` when the Holm-adjusted p < 0.05
+- pairs.csv           every pair of arms of a size, at equal FLOPs (final test CE) and at equal tokens
+                      (validation curves read at the pair's common token count), p and Holm p per family
+                      (analysis/pairwise.py, analysis/families.py)
+- pooled.csv          every pair's contrast under the pooled arm + seed model (analysis/pooled.py)
 - tokens_to_target.csv, flops_to_target.csv   budget saved in reaching each baseline's final validation loss
                       (analysis/targets.py), paired by seed, with intervals
 - cache_frontier.csv  KV-cache bytes per token against final test CE, Pareto-optimal points marked
 - runs.csv            one row per run (tidy): identity, costs, tokens, FLOPs, test CE, bpb, commit, times
 - evaluations.csv     every evaluation of every run (the tidy table of analysis/runs.py)
-- loss_vs_tokens.png, loss_vs_flops.png, cache_frontier.png
+- loss_vs_tokens.png, loss_vs_flops.png, cache_frontier.png, pairs.png (forest plot, analysis/forest.py)
 - README.md           all of the above on one page (lightning_modules/study/readme.py)
 Only done runs of the protocol's current identities count (same budget, same data manifest); runs of an
 edited protocol or other data stay in the store but out of the report.
@@ -31,33 +36,60 @@ matplotlib.use("Agg")  # headless: the report runs in terminals and CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from lightning_modules.analysis import curves, frontier, stats, tables, targets  # noqa: E402
-from lightning_modules.analysis.errors import NoRunsError  # noqa: E402
+from lightning_modules.analysis import curves, forest, frontier, pairwise, pooled, stats, tables, targets  # noqa: E402
+from lightning_modules.analysis import runs as tidy  # noqa: E402
+from lightning_modules.analysis.errors import NoRunsError, StoreError  # noqa: E402
 from lightning_modules.analysis.runs import final_losses, load_runs  # noqa: E402
+from lightning_modules.analysis.store import sqlite_path  # noqa: E402
 from lightning_modules.costs.counts import BASELINE  # noqa: E402
-from lightning_modules.study import summary  # noqa: E402
+from lightning_modules.study import ledger_tables, summary  # noqa: E402
+from lightning_modules.study.ledger import IDENTITY, default_folder  # noqa: E402
+from lightning_modules.study.ledger_tables import LedgerTables  # noqa: E402
 from lightning_modules.study.protocol import ROOT, TAG, Protocol  # noqa: E402
 from lightning_modules.study.readme import readme  # noqa: E402
-from lightning_modules.study.store import Store, is_done  # noqa: E402
+from lightning_modules.study.store import Store  # noqa: E402
 
 
-def load(protocol: Protocol, uri: str) -> pd.DataFrame:
-    """The tidy table (analysis/runs.py) of the protocol's done runs of its current identities."""
+def load(protocol: Protocol, uri: str, ledger: LedgerTables | None = None) -> pd.DataFrame:
+    """The tidy table (analysis/runs.py) of the protocol's done runs of its current identities: the store's,
+    and the ledger's runs the store lacks (ledger.py: done on other machines). The store wins where both
+    hold a run: it is the newer record on this machine."""
+    runs = _store_table(protocol, uri, required=ledger is None or ledger.empty)
+    if ledger is not None and not ledger.empty:
+        have = set(zip(runs["size"], runs["label"], runs["seed"], strict=True))
+        extra = ledger.evaluations
+        new = [
+            (a, b, c) not in have
+            for a, b, c in zip(extra["size"], extra["label"], extra["seed"], strict=True)
+        ]
+        runs = tidy.typed(
+            pd.concat([runs, extra[pd.Series(new, index=extra.index, dtype=bool)]], ignore_index=True)
+        )
+    if runs.empty:
+        raise NoRunsError(f"no done runs of protocol {protocol.name!r} in {uri} or its ledger; run it first: "
+                          f"python -m lightning_modules.study {protocol.path}")  # fmt: skip
+    return runs
+
+
+def _store_table(protocol: Protocol, uri: str, required: bool) -> pd.DataFrame:
+    """The store's part of load(); an empty table when the store has none and the ledger may have them."""
     first = protocol.runs[0]
     tags = {TAG + "protocol": protocol.name, TAG + "data": first.data_hash, "budget": first.budget.describe()}
-    runs = load_runs(uri, protocol.experiment, tags=tags)
+    try:
+        runs = load_runs(uri, protocol.experiment, tags=tags)
+    except (NoRunsError, StoreError):
+        if required:
+            raise
+        return tidy.typed(pd.DataFrame(columns=list(tidy.COLUMNS)))
     tested = set(runs.loc[runs["split"] == "test", "run_id"])
     wanted = {(s.size, s.label, s.seed) for s in protocol.runs}
     planned = pd.Series(
         [(a, b, c) in wanted for a, b, c in zip(runs["size"], runs["label"], runs["seed"], strict=True)],
         index=runs.index,
+        dtype=bool,
     )
     keep = runs["run_id"].isin(tested) & planned
-    runs = runs[keep].reset_index(drop=True)
-    if runs.empty:
-        raise NoRunsError(f"no done runs of protocol {protocol.name!r} in {uri}; run it first: "
-                          f"python -m lightning_modules.study {protocol.path}")  # fmt: skip
-    return runs
+    return runs[keep].reset_index(drop=True)
 
 
 def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -73,9 +105,13 @@ def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table.merge(extra.reset_index(), on=["size", "label"])
 
 
-def paired_differences(runs: pd.DataFrame, baseline_kind: str = BASELINE) -> pd.DataFrame:
-    """Per size and arm: (arm - baseline) of test CE and bpb over the seeds both ran, mean and t-interval."""
+def paired_differences(
+    runs: pd.DataFrame, baseline_kind: str = BASELINE, pairs: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Per size and arm: (arm - baseline) of test CE and bpb over the seeds both ran, mean and t-interval,
+    with the pair's p and Holm p from `pairs` (analysis/pairwise.py's table; by default every pair secondary)."""
     finals = final_losses(runs)
+    pairs = pairwise.pair_table(runs) if pairs is None else pairs
     rows = []
     for size, part in finals.groupby("size", sort=False):
         base = part[part["attention"] == baseline_kind]
@@ -84,14 +120,18 @@ def paired_differences(runs: pd.DataFrame, baseline_kind: str = BASELINE) -> pd.
         base_label = str(base["label"].iloc[0])
         for label in part["label"].unique():
             if label != base_label:
-                rows.append(_paired(part, size, str(label), base_label))
+                rows.append(_paired(part, size, str(label), base_label, pairs))
     return pd.DataFrame(rows)
 
 
-def cache_matched_differences(runs: pd.DataFrame, reference_kind: str = "lrkv") -> pd.DataFrame:
+def cache_matched_differences(
+    runs: pd.DataFrame, reference_kind: str = "lrkv", pairs: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The paper's open question, at equal KV-cache bytes per token: (arm - lrkv) paired by seed, for every
-    arm of another attention that caches exactly as many bytes as an lrkv arm of the same size."""
+    arm of another attention that caches exactly as many bytes as an lrkv arm of the same size; p and Holm p
+    as in paired_differences."""
     finals = final_losses(runs)
+    pairs = pairwise.pair_table(runs) if pairs is None else pairs
     rows = []
     for size, part in finals.groupby("size", sort=False):
         cache = part.groupby("label", sort=False)["kv_cache_bytes_per_token"].first()
@@ -99,13 +139,13 @@ def cache_matched_differences(runs: pd.DataFrame, reference_kind: str = "lrkv") 
         for ref in kinds[kinds == reference_kind].index:
             for label in kinds.index:
                 if kinds[label] != reference_kind and cache[label] == cache[ref]:
-                    row = _paired(part, size, str(label), str(ref))
+                    row = _paired(part, size, str(label), str(ref), pairs)
                     row["kv_cache_vs_mha"] = float(part.loc[part["label"] == ref, "kv_cache_vs_mha"].iloc[0])
                     rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _paired(part: pd.DataFrame, size: str, label: str, base_label: str) -> dict:
+def _paired(part: pd.DataFrame, size: str, label: str, base_label: str, pairs: pd.DataFrame) -> dict:
     arm = part[part["label"] == label].set_index("seed")
     base = part[part["label"] == base_label].set_index("seed")
     seeds = sorted(set(arm.index) & set(base.index))
@@ -116,15 +156,35 @@ def _paired(part: pd.DataFrame, size: str, label: str, base_label: str) -> dict:
         ci = stats.mean_ci(diff)
         row.update({f"{metric}_diff_mean": ci.mean, f"{metric}_diff_ci_low": ci.low,
                     f"{metric}_diff_ci_high": ci.high, f"{metric}_diff_sd": _sd(diff)})  # fmt: skip
-    row["resolved"] = bool(row["loss_diff_ci_high"] < 0 or row["loss_diff_ci_low"] > 0)
+    test = _pair_test(pairs, size, label, base_label)
+    row.update({"family": test["family"], "p": test["p"], "p_holm": test["p_holm"]})
+    # Resolved after Holm's correction within the pair's family, not by the raw interval alone: with many
+    # pairs, one raw 95 % interval in twenty excludes 0 by chance (analysis/multiplicity.py).
+    row["resolved"] = bool(test["p_holm"] < 0.05)
     return row
+
+
+def _pair_test(pairs: pd.DataFrame, size: str, label: str, base_label: str) -> pd.Series:
+    """The equal-FLOP row of `pairs` for the two arms, whichever way round it is oriented (p is symmetric)."""
+    flops = pairs[(pairs["view"] == pairwise.EQUAL_FLOPS) & (pairs["size"] == size)]
+    match = flops[((flops["a"] == label) & (flops["b"] == base_label))
+                  | ((flops["a"] == base_label) & (flops["b"] == label))]  # fmt: skip
+    return match.iloc[0]
 
 
 def _sd(values: list[float]) -> float:
     return float(pd.Series(values).std(ddof=1)) if len(values) > 1 else math.nan
 
 
-def per_run_table(runs: pd.DataFrame, store: Store | None) -> pd.DataFrame:
+def per_run_table(
+    runs: pd.DataFrame,
+    store: Store | None,
+    protocol: Protocol | None = None,
+    ledger: LedgerTables | None = None,
+) -> pd.DataFrame:
+    """One row per run. With the protocol, each row carries its identity and data hash (what the ledger
+    matches runs by, ledger.py); a run only the ledger holds keeps the ledger's row (start, end, machine,
+    CPU kind came from the store of the machine that ran it)."""
     finals = final_losses(runs)
     val = runs[runs["split"] == "val"]
     steps = val.groupby("run_id")["step"].max().rename("steps")
@@ -136,7 +196,24 @@ def per_run_table(runs: pd.DataFrame, store: Store | None) -> pd.DataFrame:
         .rename(columns={"loss": "test_loss", "bpb": "test_bpb"})
         .merge(steps.reset_index(), on="run_id", how="left")
     )
-    return table if store is None else _with_store(table, store)
+    if protocol is not None:
+        specs = {(s.size, s.label, s.seed): s for s in protocol.runs}
+        keys = list(zip(table["size"], table["label"], table["seed"], strict=True))
+        table.insert(0, IDENTITY, [specs[k].identity for k in keys])
+        table.insert(1, "data", [specs[k].data_hash for k in keys])
+    from_ledger = set(ledger.runs["run_id"]) if ledger is not None and not ledger.empty else set()
+    if store is not None:  # a run this store holds too is reported from the store, the fresher record
+        from_ledger -= {i for i in from_ledger if _has_run(store, i)}
+    stored = table[~table["run_id"].isin(from_ledger)].copy()
+    if store is not None and not stored.empty:
+        stored = _with_store(stored, store)
+    if not from_ledger:
+        return stored
+    assert ledger is not None  # from_ledger is empty otherwise
+    kept = ledger.runs[ledger.runs["run_id"].isin(set(table["run_id"]))]
+    order = {run_id: i for i, run_id in enumerate(table["run_id"])}
+    merged = pd.concat([stored, kept.reindex(columns=stored.columns.union(kept.columns, sort=False))])
+    return merged.sort_values("run_id", key=lambda ids: ids.map(order)).reset_index(drop=True)
 
 
 def _with_store(table: pd.DataFrame, store: Store) -> pd.DataFrame:
@@ -158,6 +235,22 @@ def _with_store(table: pd.DataFrame, store: Store) -> pd.DataFrame:
     return table
 
 
+def _has_run(store: Store, run_id: str) -> bool:
+    # late, as store.py imports mlflow: it warns while it imports
+    from mlflow.exceptions import MlflowException
+
+    try:
+        store.client.get_run(run_id)
+    except MlflowException:
+        return False
+    return True
+
+
+def _store_exists(uri: str) -> bool:
+    path = sqlite_path(uri)
+    return path is None or path.exists()  # a server or another backend: assume it answers
+
+
 def _runs(store: Store, run_ids: list[str]) -> list:
     return [store.client.get_run(run_id) for run_id in run_ids]
 
@@ -169,32 +262,47 @@ def _utc(ms: int | None) -> str:
 
 
 # ----- writing ----------------------------------------------------------------------------------------
-def write(protocol: Protocol, uri: str, out: Path | None = None, front_page: Path | None = None) -> Path:
-    """Write results/<protocol>/ (or `out`); with `front_page`, also rewrite that README's block for the
+def write(
+    protocol: Protocol,
+    uri: str,
+    out: Path | None = None,
+    front_page: Path | None = None,
+    ledger_dir: Path | None = None,
+) -> Path:
+    """Write results/<protocol>/ (or `out`) from the store and the ledger (results/<protocol>/ or
+    `ledger_dir`, read before anything is written); with `front_page`, also rewrite that README's block for the
     protocol (lightning_modules/study/summary.py)."""
     if front_page is not None:  # a README that cannot take the block fails before anything is written
         summary.current_block(summary.read_readme(front_page), protocol.name)
     out = (out or ROOT / "results" / protocol.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs = load(protocol, uri)
-    store = Store(uri, protocol.experiment)
+    ledger = ledger_tables.read(ledger_dir or default_folder(protocol.name), protocol)
+    runs = load(protocol, uri, ledger)
+    # A report from the ledger alone opens no store (opening a missing SQLite file would create one).
+    store = Store(uri, protocol.experiment) if _store_exists(uri) else None
     arms = arm_table(runs)
-    diffs = paired_differences(runs)
-    matched = cache_matched_differences(runs)
+    pairs = pairwise.pair_table(runs, protocol.primary)
+    pooled_pairs = pooled.pooled_table(runs, protocol.primary)
+    diffs = paired_differences(runs, pairs=pairs)
+    matched = cache_matched_differences(runs, pairs=pairs)
     to_target = {x: targets.tokens_to_target(runs, x) for x in ("tokens", "flops")}
     cache = frontier.cache_frontier(runs)
-    per_run = per_run_table(runs, store)
-    files = {"arms.csv": arms, "vs_mha.csv": diffs, "cache_matched.csv": matched,
-             "tokens_to_target.csv": to_target["tokens"], "flops_to_target.csv": to_target["flops"],
-             "cache_frontier.csv": cache, "runs.csv": per_run, "evaluations.csv": runs}  # fmt: skip
+    per_run = per_run_table(runs, store, protocol, ledger)
+    files = {"arms.csv": arms, "vs_mha.csv": diffs, "cache_matched.csv": matched, "pairs.csv": pairs,
+             "pooled.csv": pooled_pairs, "tokens_to_target.csv": to_target["tokens"],
+             "flops_to_target.csv": to_target["flops"], "cache_frontier.csv": cache, "runs.csv": per_run,
+             "evaluations.csv": runs}  # fmt: skip
     for name, table in files.items():
         table.to_csv(out / name, index=False)
     _write_figures(protocol, runs, cache, out)
+    fig = forest.plot_forest(pairs, title=f"study {protocol.name}: paired differences, equal FLOPs")
+    fig.savefig(out / "pairs.png", dpi=150, bbox_inches="tight")
+    plt.close(fig)
     planned = len(protocol.runs)
-    done = sum(is_done(r) for rs in store.protocol_runs(protocol.name).values() for r in rs)
-    (out / "README.md").write_text(
-        readme(protocol, uri, arms, diffs, matched, to_target, cache, per_run, planned, min(done, planned))
-    )
+    done = len(per_run)  # done runs of the protocol's current identities, here or in the ledger
+    tables = (arms, diffs, matched, to_target, cache, per_run)
+    page = readme(protocol, uri, *tables, planned, min(done, planned), pairs=pairs, pooled=pooled_pairs)
+    (out / "README.md").write_text(page)
     print(
         f"study {protocol.name}: {len(per_run)}/{planned} runs reported; tables, figures and README.md in {out}"
     )

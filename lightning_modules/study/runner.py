@@ -8,6 +8,9 @@ of the time that takes; each worker's own output goes to train.log in its checkp
 A worker dies with its runner (lock.py), so a runner killed even with SIGKILL leaves nothing training, and
 the claim names the worker too (store.py): a run is never taken over while a worker of this machine still
 trains it. The worker also locks its run (lock.py), so a second worker on one run never trains.
+
+A run the committed results ledger records as done (results/<protocol>/runs.csv, ledger.py) is done wherever
+it ran: a fresh machine with an empty store trains only the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.study import ledger as ledgers
 from lightning_modules.study import lock
 from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
@@ -69,6 +73,7 @@ class Runner:
         workers: int = 1,
         checkpoints: Path = Path("checkpoints"),
         command: str = "",
+        ledger: Path | None = None,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"--workers {workers}: must be >= 1 (runs trained at once)")
@@ -78,6 +83,8 @@ class Runner:
         self.command = command or f"python -m lightning_modules.study {protocol.path} --workers {workers}"
         self.durations: list[float] = []
         self.failed: list[tuple[RunSpec, Path]] = []
+        self.ledger = ledger if ledger is not None else ledgers.default_folder(protocol.name)
+        self.in_ledger = ledgers.done_identities(self.ledger)
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -85,19 +92,27 @@ class Runner:
     # ----- the plan ----------------------------------------------------------------------------------
     def survey(self) -> list[tuple[RunSpec, Found]]:
         by_identity = self.store.protocol_runs(self.protocol.name)
-        return [(s, self.store.classify(by_identity.get(s.identity, []))) for s in self.protocol.runs]
+        return [(s, self._classify(s, by_identity.get(s.identity, []))) for s in self.protocol.runs]
+
+    def _classify(self, spec: RunSpec, runs: list) -> Found:
+        """The store's state of a run, except that a run the committed ledger records as done is done (on
+        another machine) unless this store holds it done itself."""
+        found = self.store.classify(runs)
+        if found.state != "done" and spec.identity in self.in_ledger:
+            return Found("ledger", found.run)
+        return found
 
     def describe(self, plan: list[tuple[RunSpec, Found]]) -> str:
         p = self.protocol
-        counts = {
-            state: sum(f.state == state for _, f in plan) for state in ("done", "claimed", "free", "missing")
-        }
+        states = ("done", "ledger", "claimed", "free", "missing")
+        counts = {state: sum(f.state == state for _, f in plan) for state in states}
         head = (
             f"study {p.name}: {len(plan)} runs ({len(p.sizes)} size(s) x {len(p.labels)} arms x {len(p.seeds)} "
             f"seeds), experiment {p.experiment!r} in {self.store.uri}"
         )
         body = (
-            f"  done {counts['done']}, running elsewhere {counts['claimed']}, to run "
+            f"  done {counts['done'] + counts['ledger']} ({counts['ledger']} of them on other machines: in the "
+            f"ledger {_rel(self.ledger)}), running elsewhere {counts['claimed']}, to run "
             f"{counts['free'] + counts['missing']} ({counts['free']} of them interrupted before: resumed)"
         )
         return head + "\n" + body
@@ -107,7 +122,7 @@ class Runner:
         plan = self.survey()
         self.say(self.describe(plan))
         todo = [(s, f) for s, f in plan if f.state in ("missing", "free")]
-        total, done_before = len(plan), sum(f.state == "done" for _, f in plan)
+        total, done_before = len(plan), sum(f.state in ("done", "ledger") for _, f in plan)
         if not todo:
             self.say("  nothing to run" + ("" if done_before < total else ": every run is done"))
             return 0
@@ -145,11 +160,14 @@ class Runner:
 
     def _start(self, spec: RunSpec, number: int, total: int) -> Active | None:
         # Re-read just before claiming: another runner may have taken or finished it since the survey.
-        found = self.store.classify(self.store.runs_of(spec.identity))
-        if found.state in ("done", "claimed"):
-            self.say(
-                f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: {found.state} elsewhere"
+        found = self._classify(spec, self.store.runs_of(spec.identity))
+        if found.state in ("done", "ledger", "claimed"):
+            what = (
+                "done on another machine (in the ledger)"
+                if found.state == "ledger"
+                else f"{found.state} elsewhere"
             )
+            self.say(f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: {what}")
             return None
         # A worker of this machine may still hold the run though its claim went stale (an orphan of a runner
         # killed where workers cannot follow it): leave it be, without claiming. The worker checks again.
@@ -236,7 +254,7 @@ class Runner:
 
     def _summary(self) -> int:
         plan = self.survey()
-        done = sum(f.state == "done" for _, f in plan)
+        done = sum(f.state in ("done", "ledger") for _, f in plan)
         elsewhere = [s for s, f in plan if f.state == "claimed"]
         self.say(f"study {self.protocol.name}: {done}/{len(plan)} runs done")
         if elsewhere:
@@ -256,6 +274,10 @@ def _holder(found: Found) -> int | None:
     """The pid of the process that holds the run's lock in its checkpoint folder, None when free."""
     folder = found.run.data.tags.get(CHECKPOINT_DIR) if found.run is not None else None
     return lock.holder(Path(folder)) if folder else None
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _last_line(log: Path) -> str:

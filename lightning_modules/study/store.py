@@ -49,7 +49,8 @@ MIN_STALE_S = 2 * HEARTBEAT_S
 CLAIM, HEARTBEAT, CHECKPOINT_DIR = TAG + "claim", TAG + "heartbeat", TAG + "checkpoint_dir"
 WORKER = TAG + "worker"  # host:pid of the worker process the claiming runner started
 ORPHAN_GRACE_S = 10.0
-State = Literal["done", "claimed", "free", "missing"]
+# "ledger": done on another machine, recorded in the committed results ledger (ledger.py), absent from this store.
+State = Literal["done", "ledger", "claimed", "free", "missing"]
 
 
 @dataclass(frozen=True)

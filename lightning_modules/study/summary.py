@@ -8,6 +8,7 @@ README.md equals what those committed tables give, so the front page cannot drif
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,30 @@ def end_marker(protocol: str) -> str:
     return f"<!-- study {protocol}: end -->"
 
 
+def p_value(p: float) -> str:
+    """A p-value as the tables write it: three decimals, "<0.001" below, blank without a test."""
+    if p is None or math.isnan(p):
+        return ""
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def tested(table: pd.DataFrame) -> bool:
+    """Whether the table carries p-values (tables written before the Holm correction do not: their
+    `resolved` is the raw interval's)."""
+    return "p_holm" in table.columns
+
+
+def resolved_header(table: pd.DataFrame) -> str:
+    return "resolved (Holm p < 0.05)" if tested(table) else "resolved (CI excludes 0)"
+
+
+def p_columns(table: pd.DataFrame) -> dict[str, pd.Series]:
+    """p, Holm p and family columns of a vs-mha or cache-matched table (none for an older table)."""
+    if not tested(table):
+        return {}
+    return {"p": table["p"].map(p_value), "Holm p": table["p_holm"].map(p_value), "family": table["family"]}
+
+
 def matched_view(matched: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
@@ -40,7 +65,8 @@ def matched_view(matched: pd.DataFrame) -> pd.DataFrame:
                 signed(r.loss_diff_mean, r.loss_diff_ci_low, r.loss_diff_ci_high)
                 for r in matched.itertuples()
             ],
-            "resolved (CI excludes 0)": matched["resolved"].map({True: "yes", False: "no"}),
+            **p_columns(matched),
+            resolved_header(matched): matched["resolved"].map({True: "yes", False: "no"}),
         }
     )
 
@@ -63,13 +89,15 @@ def block(protocol: str, arms: pd.DataFrame, diffs: pd.DataFrame, matched: pd.Da
                 "minus mha, paired": ""
                 if d is None
                 else signed(d.loss_diff_mean, d.loss_diff_ci_low, d.loss_diff_ci_high),  # fmt: skip
+                **({"Holm p": "" if d is None else p_value(d.p_holm)} if tested(diffs) else {}),
                 "resolved": "" if d is None else ("yes" if d.resolved else "no"),
             }
         )
     lines = [
         begin_marker(protocol),
         f"Study `{protocol}` (results/{protocol}/README.md): final test cross-entropy, mean [95 % t-interval] "
-        "over seeds; differences paired by seed.",
+        "over seeds; differences paired by seed"
+        + ("; resolved: Holm-adjusted p < 0.05 within the comparison's family." if tested(diffs) else "."),
         "",
         md_table(pd.DataFrame(rows)),
     ]

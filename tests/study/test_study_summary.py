@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lightning_modules.analysis import pairwise
 from lightning_modules.analysis.runs import COLUMNS
 from lightning_modules.study import report, summary
 
@@ -41,13 +42,23 @@ def finals_table() -> pd.DataFrame:
 
 
 def test_cache_matched_pairs_every_other_attention_with_the_lrkv_arm_of_equal_cache() -> None:
-    matched = report.cache_matched_differences(finals_table()).set_index("label")
+    runs = finals_table()
+    # The two cache-matched pairs declared primary: Holm over those two (undeclared, over all 15 pairs)
+    primary = [("gqa-g2", "lrkv-r16"), ("mla-c224", "lrkv-r16")]
+    matched = report.cache_matched_differences(runs, pairs=pairwise.pair_table(runs, primary)).set_index(
+        "label"
+    )
     assert sorted(matched.index) == ["gqa-g2", "mla-c224"]  # mha, mqa and lrkv-r4 have no equal-cache partner
     assert set(matched["baseline"]) == {"lrkv-r16"} and set(matched["n_pairs"]) == {3}
     assert matched.loc["gqa-g2", "loss_diff_mean"] == pytest.approx(0.04)
     assert matched.loc["gqa-g2", "resolved"] and not matched.loc["mla-c224", "resolved"]
     assert matched.loc["mla-c224", "loss_diff_mean"] == pytest.approx(1 / 300)
     assert matched.loc["gqa-g2", "kv_cache_vs_mha"] == 0.5
+    assert matched.loc["gqa-g2", "p_holm"] == pytest.approx(
+        2 * matched.loc["gqa-g2", "p"]
+    )  # the smaller of two
+    undeclared = report.cache_matched_differences(runs).set_index("label")
+    assert not undeclared.loc["gqa-g2", "resolved"]  # p = 0.02 does not survive Holm over all 15 pairs
 
 
 def test_block_has_every_arm_its_difference_to_mha_and_the_matched_table() -> None:

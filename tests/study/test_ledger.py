@@ -1,0 +1,91 @@
+"""The committed results ledger (lightning_modules/study/ledger.py): a run recorded in results/<protocol>/runs.csv
+is done on a machine whose store lacks it, the report keeps it and counts it, and a malformed ledger is one
+line naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.study import ledger
+from lightning_modules.study import protocol as protocols
+from lightning_modules.study.__main__ import main as study_main
+from tests.study.test_study import _starts, micro_protocol
+
+ONE_ARM = "[{kind: mha}]"
+SHORT_FLOPS = 1.2e10  # about 10 steps of nano at 4 x 32 tokens
+
+
+def test_done_identities_reads_finished_rows_only(tmp_path: Path) -> None:
+    assert ledger.done_identities(tmp_path) == set()  # no ledger yet: nothing done
+    (tmp_path / "runs.csv").write_text("identity,test_loss\naaa,5.1\nbbb,\nccc,nan\nddd,4.9\n")
+    assert ledger.done_identities(tmp_path) == {"aaa", "ddd"}
+
+
+def test_a_ledger_without_identities_is_refused_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "runs.csv").write_text("run_id,test_loss\nr1,5.1\n")
+    with pytest.raises(ConfigError, match=r"runs\.csv: no `identity` or `test_loss` column.*--report"):
+        ledger.done_identities(tmp_path)
+
+
+def test_the_committed_ledgers_name_their_runs() -> None:
+    # results/<protocol>/runs.csv of every shipped protocol that has results: each row's identity is one of
+    # the protocol's runs, so a fresh machine skips exactly those (the data hash is the shards' manifest's)
+    for folder in sorted((protocols.ROOT / "results").iterdir()):
+        if (folder / "runs.csv").is_file():
+            table = pd.read_csv(folder / "runs.csv")
+            assert table["identity"].notna().all() and table["identity"].is_unique, folder
+            assert set(table["data"]) == {"6bd091106c6eabed"}, folder
+
+
+@pytest.mark.slow
+def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    path = micro_protocol(tmp_path, tiny_shards, arms=ONE_ARM, budget=SHORT_FLOPS)
+    book = tmp_path / "results"
+    args = [str(path), "--settle-s", "0", "--ledger", str(book)]
+    assert study_main(args) == 0
+    assert sorted(_starts(capsys.readouterr().out)) == ["nano mha seed 1", "nano mha seed 2"]
+    assert study_main([*args, "--report", "--out", str(book)]) == 0
+    capsys.readouterr()
+    written = pd.read_csv(book / "runs.csv")
+    specs = protocols.load(path).runs
+    assert sorted(written["identity"]) == sorted(s.identity for s in specs)
+
+    # Another machine: an empty store, the committed ledger. Nothing trains, and the plan says why.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}")
+    assert study_main([*args, "--plan"]) == 0
+    plan = capsys.readouterr().out
+    assert "done 2 (2 of them on other machines" in plan and plan.count("  ledger ") == 2
+    assert study_main(args) == 0
+    assert _starts(capsys.readouterr().out) == []
+
+    # A ledger that lost seed 2's row: only seed 2 trains, and the report holds both runs again.
+    written[written["seed"] == 1].to_csv(book / "runs.csv", index=False)
+    assert study_main(args) == 0
+    assert _starts(capsys.readouterr().out) == ["nano mha seed 2"]
+    assert study_main([*args, "--report", "--out", str(book)]) == 0
+    assert "2/2 runs reported" in capsys.readouterr().out
+    again = pd.read_csv(book / "runs.csv")
+    assert sorted(again["identity"]) == sorted(s.identity for s in specs)
+    seed1 = again[again["seed"] == 1].iloc[0]
+    before = written[written["seed"] == 1].iloc[0]
+    # seed 1 came from the ledger: the same run, its row kept as the machine that ran it recorded it
+    assert seed1["run_id"] == before["run_id"] and seed1["test_loss"] == before["test_loss"]
+    assert seed1["machine"] == before["machine"] and seed1["hardware"] == before["hardware"]
+    evaluations = pd.read_csv(book / "evaluations.csv")
+    assert set(evaluations["run_id"]) == set(again["run_id"])
+    assert (evaluations["split"] == "test").sum() == 2
+
+    # A report from the ledger alone (no store on this machine) opens none and rewrites the same tables.
+    first = (book / "runs.csv").read_text()
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{missing}")
+    assert study_main([*args, "--report", "--out", str(book)]) == 0
+    assert "2/2 runs reported" in capsys.readouterr().out
+    assert not missing.exists() and (book / "runs.csv").read_text() == first
