@@ -322,4 +322,4 @@ def test_the_report_of_the_committed_cpu_ledger_writes_pairs_pooled_and_the_fore
     vs_mha = pd.read_csv(out / "vs_mha.csv")
     assert {"p", "p_holm", "family"} <= set(vs_mha.columns)
     page = (out / "README.md").read_text()
-    assert "No primary comparison was declared" in page and "Pooled arm + seed model" in page
+    assert "2 primary comparison(s) declared by the protocol" in page and "Pooled arm + seed model" in page
