@@ -1,0 +1,65 @@
+"""The sweep across protocols (lightning_modules/study/sweep.py) on synthetic ledgers with known answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import scipy.stats
+
+from lightning_modules.study import sweep
+
+# mha: 0.5x beats 1x by 0.10, 0.12, 0.11 on seeds 1-3; lrkv: 0.5x is worse by 0.02, 0.00, 0.04
+LOSSES = {
+    "half": {("mha", 1): 5.50, ("mha", 2): 5.60, ("mha", 3): 5.55, ("lrkv", 1): 5.62, ("lrkv", 2): 5.60,
+             ("lrkv", 3): 5.68},
+    "one": {("mha", 1): 5.60, ("mha", 2): 5.72, ("mha", 3): 5.66, ("lrkv", 1): 5.60, ("lrkv", 2): 5.60,
+            ("lrkv", 3): 5.64},
+}  # fmt: skip
+
+
+def ledger(folder: Path, losses: dict[tuple[str, int], float]) -> Path:
+    folder.mkdir(parents=True)
+    rows = [
+        {"identity": f"{k[0]}{k[1]}", "label": k[0], "seed": k[1], "test_loss": v} for k, v in losses.items()
+    ]
+    pd.DataFrame(rows).to_csv(folder / "runs.csv", index=False)
+    return folder
+
+
+def columns(tmp_path: Path) -> list[sweep.Column]:
+    return [sweep.parse_column(f"{n}={ledger(tmp_path / n, v)}") for n, v in LOSSES.items()]
+
+
+def test_each_column_minus_the_reference_is_the_paired_t_test_with_holm(tmp_path: Path) -> None:
+    table, diffs = sweep.sweep(columns(tmp_path), "one")
+    best = table.set_index("label")["best"]
+    assert best.to_dict() == {"mha": "half", "lrkv": "one"}
+    d = diffs.set_index("label")
+    half, one = LOSSES["half"], LOSSES["one"]
+    for arm in ("mha", "lrkv"):
+        a, b = [half[(arm, s)] for s in (1, 2, 3)], [one[(arm, s)] for s in (1, 2, 3)]
+        assert d.loc[arm, "diff_mean"] == pytest.approx(sum(a) / 3 - sum(b) / 3)
+        assert d.loc[arm, "p"] == pytest.approx(scipy.stats.ttest_rel(a, b).pvalue, rel=1e-9)
+    ps = sorted(d["p"])
+    assert sorted(d["p_holm"]) == pytest.approx([2 * ps[0], max(2 * ps[0], ps[1])])
+    assert d.loc["mha", "resolved"] and not d.loc["lrkv", "resolved"]
+
+
+def test_a_column_pools_its_folders_and_counts_a_run_once(tmp_path: Path) -> None:
+    one = ledger(tmp_path / "a", {k: v for k, v in LOSSES["one"].items() if k[1] < 3})
+    again = ledger(tmp_path / "b", LOSSES["one"])  # seeds 1-2 twice, seed 3 once
+    column = sweep.parse_column(f"one={one},{again}")
+    assert len(sweep.finals(column)) == 6
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cols = [f"--column={c.name}={c.folders[0]}" for c in columns(tmp_path)]
+    assert sweep.main([*cols, "--reference", "two", "--out", str(tmp_path / "out")]) == 2
+    assert "--reference two: not one of the columns (half, one)" in capsys.readouterr().err
+    assert sweep.main(["--column", f"x={tmp_path / 'none'}", "--reference", "x", "--out", str(tmp_path)]) == 2
+    assert "no ledger" in capsys.readouterr().err
+    assert sweep.main([*cols, "--reference", "one", "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "| mha | 5.5500 [" in text and "| mha | half |" in text
