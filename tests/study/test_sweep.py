@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from lightning_modules.study import sweep
+from lightning_modules.study import sweep, sweep_table
 
 # mha: 0.5x beats 1x by 0.10, 0.12, 0.11 on seeds 1-3; lrkv: 0.5x is worse by 0.02, 0.00, 0.04
 LOSSES = {
@@ -28,12 +28,12 @@ def ledger(folder: Path, losses: dict[tuple[str, int], float]) -> Path:
     return folder
 
 
-def columns(tmp_path: Path) -> list[sweep.Column]:
+def columns(tmp_path: Path) -> list[sweep_table.Column]:
     return [sweep.parse_column(f"{n}={ledger(tmp_path / n, v)}") for n, v in LOSSES.items()]
 
 
 def test_each_column_minus_the_reference_is_the_paired_t_test_with_holm(tmp_path: Path) -> None:
-    table, diffs = sweep.sweep(columns(tmp_path), "one")
+    table, diffs = sweep_table.sweep(columns(tmp_path), "one")
     best = table.set_index("label")["best"]
     assert best.to_dict() == {"mha": "half", "lrkv": "one"}
     d = diffs.set_index("label")
@@ -51,7 +51,7 @@ def test_a_column_pools_its_folders_and_counts_a_run_once(tmp_path: Path) -> Non
     one = ledger(tmp_path / "a", {k: v for k, v in LOSSES["one"].items() if k[1] < 3})
     again = ledger(tmp_path / "b", LOSSES["one"])  # seeds 1-2 twice, seed 3 once
     column = sweep.parse_column(f"one={one},{again}")
-    assert len(sweep.finals(column)) == 6
+    assert len(sweep_table.finals(column)) == 6
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
