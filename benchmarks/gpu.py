@@ -22,6 +22,21 @@ The kernel is chosen by lightning_modules/model/attention/kernel.attend: "sdpa" 
 q/k and v head dims, always runs SDPA, so it has one row). LRKV is measured on both training paths
 (docs/attentions.md: both lrkv paths are measured). A size or row that does not fit in memory is reported as "oom".
 
+Isolation: each size runs in its own child process (`--one-size`, hidden; the parent collects its rows as
+JSON lines), so no size inherits Dynamo's caches from another (a change of shapes from 128m to 1b would mark
+dimensions dynamic), and Dynamo is reset (torch.compiler.reset) before every row, so no row runs past the
+recompile limit because of the rows before it. `recompiles` is the row's count of recompilations, read from
+torch._dynamo.utils.get_compilation_metrics (torch 2.11 and 2.13 alike): a compile with a recompile reason
+that did not fail. A row that hit Dynamo's recompile limit ran part of its steps eager: its status says
+"recompile-limit", it is kept out of the verdicts, and a warning says so. A row's error or OOM is that row's
+status ("error" with the message, "oom"); a child that dies (a CUDA error that poisons its context, a
+crash) costs the row it was on ("crashed") and a fresh child runs the rest. `--in-process` runs every row
+here instead (for a debugger; Dynamo still reset between rows).
+
+MFU's convention: causal attention's scores and mixing are counted over the full T^2 (counts.py, as PaLM,
+nanoGPT and torchtitan do); `mfu_causal_half` counts them over T^2 / 2 (as FlashAttention's benchmarks do).
+The targets are read on `mfu`.
+
 Targets: mha at 128m, sequence 2048, bf16 >= 45 % MFU; every variant >= 90 % of mha's tokens/s
 at the same size (best kernel each). Without CUDA the script says so and exits 0: the GPU figures stay
 pending in BENCHMARKS.md.
@@ -34,12 +49,16 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo.utils as dynamo_utils
 import torch.nn.functional as F
 
 from lightning_modules.core import precision
@@ -56,9 +75,14 @@ from lightning_modules.model.attention import (
 )
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
-from lightning_modules.training.throughput import device_peak_flops
+from lightning_modules.training.throughput import causal_half_flops_per_token, device_peak_flops
 
+ROOT = Path(__file__).resolve().parents[1]
+ROW_MARK = "gpu.py row: "  # prefixes a child's JSON rows on its stdout, so that nothing else is taken for one
 MICRO_BATCH = {"128m": 16, "1b": 8, "2.5b": 8, "6.3b": 8}  # conf/recipe/<size>.yaml
+# How Dynamo's failure on the limit reads, in the releases pyproject.toml allows (older ones said cache size).
+LIMIT_NAMES = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
+CHILD_GRACE_S = 600  # how long past the budget a child may run before it is ended
 MFU_TARGET = 0.45
 VS_MHA_TARGET = 0.90
 
@@ -105,6 +129,9 @@ def flash_can_run(size: str, kind: str, args: argparse.Namespace) -> bool:
     return d_qk == d_v
 
 
+Spec = tuple[str, str | None, str, bool]  # (kind, training path or None, kernel, compiled): one row
+
+
 def measure(
     size: str,
     kind: str,
@@ -114,30 +141,67 @@ def measure(
     args: argparse.Namespace,
     device: torch.device,
 ) -> dict[str, Any]:
-    model, attention = configs(size, kind, path, args)
-    batch = args.batch_size or MICRO_BATCH.get(size, 8)
-    label = attention.label() + (f" ({path})" if path else "")
-    row: dict[str, Any] = {"size": size, "attention": label, "kernel": kernel_name, "batch": batch}
-    row["seq_len"] = model.seq_len
-    row["compile"] = compiled
-    row["plan_peak_gib"] = round(plan_peak(model, attention, batch, args) / 2**30, 2)
+    """One row. Its own failure (an error, OOM, the recompile limit) is its status; nothing raises."""
+    row: dict[str, Any] = {"size": size, "attention": kind + (f" ({path})" if path else "")}
+    row.update(kernel=kernel_name, compile=compiled, batch=args.batch_size or MICRO_BATCH.get(size, 8))
+    row.update(kernel_ran=None, tokens_per_s=None, mfu=None, mfu_causal_half=None, peak_mem_gib=None)
+    row["recompiles"] = None
     cuda = device.type == "cuda"
     try:
-        seconds = time_steps(model, attention, batch, kernel_name, compiled, args, device)
+        model, attention = configs(size, kind, path, args)
+        row["attention"] = attention.label() + (f" ({path})" if path else "")
+        row["seq_len"] = model.seq_len
+        row["plan_peak_gib"] = round(plan_peak(model, attention, row["batch"], args) / 2**30, 2)
+        torch.compiler.reset()  # this row compiles from nothing, whatever ran before it here
+        dynamo_utils.clear_compilation_metrics()
+        seconds = time_steps(model, attention, row["batch"], kernel_name, compiled, args, device)
         row["kernel_ran"] = kernel.last_kernel
-        tokens_per_s = batch * model.seq_len * args.steps / seconds
-        flops_per_token = costs.train_flops_per_token(model, attention, batch * model.seq_len)
+        tokens = row["batch"] * model.seq_len
+        tokens_per_s = tokens * args.steps / seconds
         peak = device_peak_flops(device)
         row["tokens_per_s"] = round(tokens_per_s)
-        row["mfu"] = round(tokens_per_s * flops_per_token / peak, 4) if peak else None
+        if peak:
+            full = costs.train_flops_per_token(model, attention, tokens)
+            row["mfu"] = round(tokens_per_s * full / peak, 4)
+            half = causal_half_flops_per_token(model, attention, tokens)
+            row["mfu_causal_half"] = round(tokens_per_s * half / peak, 4)
         row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None
         row["status"] = "ok"
+        if compiled:
+            row["recompiles"], hit, row["recompile_reason"] = compile_stats()
+            if hit:
+                row["status"] = "recompile-limit"
+                print(
+                    f"WARNING {size} {row['attention']} {kernel_name} compiled hit torch._dynamo's recompile "
+                    "limit: some of its steps ran eager, so its figures are not the compiled ones "
+                    '(TORCH_LOGS="recompiles" names the guard that failed)',
+                    file=sys.stderr,
+                )
     except torch.OutOfMemoryError:
-        row.update(kernel_ran=None, tokens_per_s=None, mfu=None, peak_mem_gib=None, status="oom")
+        row["status"] = "oom"
+    except Exception as error:  # any failure of one row is that row's status; the next row still runs
+        message = (str(error).strip().splitlines() or [""])[0][:300]
+        row.update(status="error", error=f"{type(error).__name__}: {message}")
     finally:
         if cuda:  # time_steps' model, optimiser and batch are freed by now: release their cached blocks
-            torch.cuda.empty_cache()
+            with contextlib.suppress(Exception):
+                torch.cuda.empty_cache()
     return row
+
+
+def compile_stats() -> tuple[int, bool, str | None]:
+    """(recompiles, whether Dynamo's recompile limit was hit, the first recompile's reason) since the last
+    clear_compilation_metrics: a compile with a recompile reason that succeeded is a recompile; one that
+    failed on the limit left its frame to run eager."""
+    metrics = dynamo_utils.get_compilation_metrics()
+    reasons = [
+        str(m.recompile_reason)
+        for m in metrics
+        if getattr(m, "recompile_reason", None) and not getattr(m, "fail_type", None)
+    ]
+    failures = [str(getattr(m, "fail_reason", None) or "").lower() for m in metrics]
+    hit = any(name in text for text in failures for name in LIMIT_NAMES)
+    return len(reasons), hit, reasons[0][:200] if reasons else None
 
 
 def time_steps(
@@ -252,18 +316,29 @@ def environment(device: torch.device, argv: list[str], bf16: bool) -> dict[str, 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| size | attention | kernel | compile | ran | batch x seq | tokens/s | MFU | peak GiB | plan GiB | vs mha |"
-    lines = [head, "|" + "---|" * 11]
+    head = (
+        "| size | attention | kernel | compile | ran | batch x seq | tokens/s | MFU | MFU causal/2 | peak GiB |"
+        " plan GiB | vs mha | recompiles | status |"
+    )
+    lines = [head, "|" + "---|" * 14]
+
+    def fmt(value: Any, spec: str) -> str:
+        return format(value, spec) if value is not None else "-"
+
     for r in rows:
-        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-        mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "-"
         tps = f"{r['tokens_per_s']:,}" if r.get("tokens_per_s") is not None else r["status"]
-        vs = f"{r['vs_mha']:.2f}" if r.get("vs_mha") is not None else "-"
-        plan = f"{r['plan_peak_gib']:.1f}" if r.get("plan_peak_gib") is not None else "-"
         lines.append(
             f"| {r['size']} | {r['attention']} | {r['kernel']} | {'on' if r.get('compile') else 'off'} | "
-            f"{r.get('kernel_ran') or '-'} | {r['batch']} x {r['seq_len']} | {tps} | {mfu} | {mem} | {plan} | {vs} |"
+            f"{r.get('kernel_ran') or '-'} | {r.get('batch', '-')} x {r.get('seq_len', '-')} | {tps} | "
+            f"{fmt(r.get('mfu'), '.1%')} | {fmt(r.get('mfu_causal_half'), '.1%')} | "
+            f"{fmt(r.get('peak_mem_gib'), '.1f')} | {fmt(r.get('plan_peak_gib'), '.1f')} | "
+            f"{fmt(r.get('vs_mha'), '.2f')} | {fmt(r.get('recompiles'), 'd')} | "
+            f"{r['status']}{': ' + r['error'] if r.get('error') else ''} |"
         )
+    lines.append(
+        "\nMFU counts causal attention's scores and mixing over the full T^2 (lightning_modules/costs/counts.py); "
+        "MFU causal/2 over T^2 / 2. Peak: lightning_modules/training/throughput.py (dense bf16)."
+    )
     return "\n".join(lines)
 
 
@@ -285,43 +360,137 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="rows after this are skipped")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--in-process", action="store_true", help="every row in this process (no child per size)"
+    )
+    # A child's part (the parent passes them): one size, these rows of its plan, until this time.time().
+    parser.add_argument("--one-size", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", nargs="+", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     precision.add_flag(parser)
     return parser
 
 
-def measure_all(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
-    """Every selected size x variant x kernel x compile setting; rows past the time budget are "skipped"."""
-    start = time.perf_counter()
+def plan(size: str, args: argparse.Namespace) -> list[Spec]:
+    """The rows of one size, in table order: every selected variant x kernel x compile setting."""
+    compile_settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
+    specs = []
+    for (kind, path), kernel_name, compiled in itertools.product(variants(), args.kernels, compile_settings):
+        if kind not in args.kinds:
+            continue
+        if kernel_name == "flash" and not flash_can_run(size, kind, args):
+            continue  # unequal head dims: attend runs SDPA whatever is installed
+        if kernel_name == "flash" and kernel.flash_attn_func is None:
+            continue  # nothing to compare: report says so
+        specs.append((kind, path, kernel_name, compiled))
+    return specs
+
+
+def placeholder(size: str, spec: Spec, status: str, error: str | None = None) -> dict[str, Any]:
+    """The row of a spec that was not measured: skipped past the budget, or lost with its child."""
+    kind, path, kernel_name, compiled = spec
+    row = {"size": size, "attention": kind + (f" ({path})" if path else ""), "kernel": kernel_name}
+    row.update(compile=compiled, status=status)
+    if error:
+        row["error"] = error
+    return row
+
+
+def progress(row: dict[str, Any]) -> None:
+    """One line on stderr per row as it is measured: what a run killed before its table still shows."""
+    figures = [row["status"]]
+    if row.get("tokens_per_s") is not None:
+        figures.append(f"{row['tokens_per_s']:,} tokens/s")
+    if row.get("mfu") is not None:
+        figures.append(f"MFU {row['mfu']:.1%}")
+    if row.get("recompiles") is not None:
+        figures.append(f"{row['recompiles']} recompiles")
+    mode = "compiled" if row["compile"] else "eager"
+    print(
+        f"  measured {row['size']} {row['attention']} {row['kernel']} {mode}: {', '.join(figures)}",
+        file=sys.stderr,
+    )
+
+
+def measure_rows(
+    size: str, indices: list[int], deadline: float, args: argparse.Namespace, device: torch.device
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, row) for these rows of the size's plan, measured here; "skipped" once past the deadline."""
+    specs = plan(size, args)
+    for index in indices:
+        if time.time() > deadline:
+            yield index, placeholder(size, specs[index], "skipped")
+            continue
+        row = measure(size, *specs[index], args, device)
+        progress(row)
+        yield index, row
+
+
+def run_child(args: argparse.Namespace, device: torch.device) -> int:
+    """A child's part: its rows as ROW_MARK JSON lines on stdout. After an error on a GPU whose context no
+    longer answers (an illegal access poisons it) it exits 3, for the parent to go on in a fresh process."""
+    indices = args.rows if args.rows is not None else list(range(len(plan(args.one_size, args))))
+    deadline = args.deadline if args.deadline is not None else float("inf")
+    for index, row in measure_rows(args.one_size, indices, deadline, args, device):
+        print(ROW_MARK + json.dumps({"index": index, **row}), flush=True)
+        if row["status"] == "error" and device.type == "cuda":
+            try:
+                torch.cuda.synchronize(device)
+            except Exception:
+                return 3
+    return 0
+
+
+def child_rows(size: str, argv: list[str], deadline: float, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every row of one size, from child processes: one runs the rows; if it dies, the row it was on is
+    "crashed" (its exit status named) and a fresh child runs the rest."""
+    specs = plan(size, args)
+    rows: dict[int, dict[str, Any]] = {}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    while len(rows) < len(specs):
+        todo = [i for i in range(len(specs)) if i not in rows]
+        if time.time() > deadline:
+            rows.update({i: placeholder(size, specs[i], "skipped") for i in todo})
+            break
+        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--one-size", size]
+        command += ["--deadline", repr(deadline), "--rows", *map(str, todo)]
+        try:  # a child stuck past the budget (a hung compile, a hung kernel) is ended, its row "crashed"
+            child = subprocess.run(
+                command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env, check=False,
+                timeout=max(deadline - time.time(), 0) + CHILD_GRACE_S,
+            )  # fmt: skip
+            out, ended = child.stdout, f"exited {child.returncode}"
+        except subprocess.TimeoutExpired as stuck:
+            text = stuck.stdout or ""
+            out = text.decode() if isinstance(text, bytes) else text
+            ended = f"was ended {CHILD_GRACE_S} s past the budget"
+        for line in out.splitlines():
+            if line.startswith(ROW_MARK):
+                row = json.loads(line[len(ROW_MARK) :])
+                rows[row.pop("index")] = row
+        lost = [i for i in todo if i not in rows]
+        if lost:  # the child died on lost[0]: that row is its casualty, a fresh child takes the rest
+            why = f"the child process {ended} on this row (its stderr above)"
+            rows[lost[0]] = placeholder(size, specs[lost[0]], "crashed", why)
+    return [rows[i] for i in range(len(specs))]
+
+
+def measure_all(
+    args: argparse.Namespace, device: torch.device, argv: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every selected size x variant x kernel x compile setting, a child process per size (or here with
+    --in-process); rows past the time budget are "skipped" and come last."""
+    deadline = time.time() + args.budget_minutes * 60
     rows = []
     for size in args.sizes:
-        compile_settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
-        for (kind, path), kernel_name, compiled in itertools.product(
-            variants(), args.kernels, compile_settings
-        ):
-            if kind not in args.kinds:
-                continue
-            if kernel_name == "flash" and not flash_can_run(size, kind, args):
-                continue  # unequal head dims: attend runs SDPA whatever is installed
-            if kernel_name == "flash" and kernel.flash_attn_func is None:
-                continue  # nothing to compare: say so below
-            if time.perf_counter() - start > args.budget_minutes * 60:
-                rows.append(
-                    {
-                        "size": size,
-                        "attention": kind,
-                        "kernel": kernel_name,
-                        "compile": compiled,
-                        "status": "skipped",
-                    }
-                )
-                continue
-            rows.append(measure(size, kind, path, kernel_name, compiled, args, device))
-            if not args.json:
-                print(
-                    f"  measured {rows[-1]['size']} {rows[-1]['attention']} {kernel_name}"
-                    f" {'compiled' if compiled else 'eager'}",
-                    file=sys.stderr,
-                )
+        if args.in_process or argv is None:
+            indices = list(range(len(plan(size, args))))
+            rows += [row for _, row in measure_rows(size, indices, deadline, args, device)]
+        else:
+            rows += child_rows(size, argv, deadline, args)
     return [r for r in rows if r["status"] != "skipped"] + [r for r in rows if r["status"] == "skipped"]
 
 
@@ -354,9 +523,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 0
-    if device.type == "cuda":
+    if device.type == "cuda" and (args.one_size or args.in_process):  # the parent of children needs none
         torch.cuda.set_device(device)
-    report(measure_all(args, device), args, device, argv)
+    if args.one_size:
+        return run_child(args, device)
+    report(measure_all(args, device, argv), args, device, argv)
     return 0
 
 

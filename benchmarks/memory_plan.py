@@ -61,6 +61,7 @@ def configs(args: argparse.Namespace) -> tuple[Any, Any, memory.Setup]:
         precision=args.precision,
         activation_checkpointing=args.activation_checkpointing,
         optimizer=args.optimizer,
+        device="cpu",  # the plan of the step measured here, on this CPU (its SDPA kernels, its autocast)
     )
     return model, resolve_attention(model, attention), setup
 

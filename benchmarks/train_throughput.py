@@ -13,6 +13,8 @@ same matrix shapes, same FLOPs. Install it with `make litgpt` (pip install --no-
 LRKV is measured on both training paths (factorized and materialized) so the faster can be chosen.
 With --compile every one of our models also runs with its blocks compiled (lightning_modules/distributed/compile.py,
 what `model.compile: true` does), timed in the same round-robin; compilation happens in the warm-up.
+The `backend` column is the attention kernel each of our eager models ran (kernel.attend's record, e.g.
+sdpa:flash or sdpa:math; LRKV_SDPA_BACKEND=math forces one, docs/attentions.md "Kernel").
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules.core import precision
+from lightning_modules.core.errors import run_entry
 from lightning_modules.costs import counts as costs
 from lightning_modules.distributed.compile import compile_blocks
 from lightning_modules.model.attention import (
     REGISTRY,
     AttentionConfig,
     GroupedQueryAttention,
+    kernel,
     names,
     resolve,
     resolve_attention,
@@ -83,6 +87,18 @@ def make_step(net: nn.Module, tokens: torch.Tensor, bf16: bool) -> Callable[[], 
     return step
 
 
+def recording(step: Callable[[], None], seen: set[str]) -> Callable[[], None]:
+    """step, adding to `seen` the attention kernels it ran: the steps run round-robin, so kernel.attend's
+    record must be read after each."""
+
+    def run() -> None:
+        kernel.forget()
+        step()
+        seen.update(kernel.kernels_seen)
+
+    return run
+
+
 def timed(step: Callable[[], None], steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
@@ -110,13 +126,16 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
     tokens = torch.randint(0, model.vocab_size, (args.batch_size, model.seq_len + 1))
     contenders: dict[str, Callable[[], None]] = {}
     configs: dict[str, AttentionConfig] = {}
+    backends: dict[str, set[str]] = {}
     for kind in args.kinds or names():
         for suffix, path in REGISTRY[kind].train_paths().items():
             attention = AttentionConfig(kind=kind, **path)  # type: ignore[arg-type]
             cls, knobs = resolve(model, attention)[1:]
             label = resolve_attention(model, attention).label() + suffix
             configs[label] = attention
-            contenders[label] = make_step(Transformer(model, attention), tokens, args.bf16)
+            backends[label] = set()
+            step = make_step(Transformer(model, attention), tokens, args.bf16)
+            contenders[label] = recording(step, backends[label])
             if args.compile:
                 compiled = Transformer(model, attention)
                 compile_blocks(compiled.blocks)
@@ -148,6 +167,7 @@ def bench_size(size: str, args: argparse.Namespace) -> list[dict[str, object]]:
                 "vs_our_mha": round(rate / mha_rate, 3) if mha_rate else None,
                 "compiled_tokens_per_s": round(tokens_per_run / compiled_s, 1) if compiled_s else None,
                 "compiled_vs_eager": round(seconds[label] / compiled_s, 3) if compiled_s else None,
+                "backend": "+".join(sorted(backends[label])),
                 "precision": "bf16" if args.bf16 else "fp32",
                 "hardware": args.hardware,
             }
@@ -188,7 +208,7 @@ def main() -> None:
         return
     print(
         f"{'size':>5} {'attention':<24} {'params':>10} {'ours tok/s':>10} {'ref tok/s':>10} {'ratio':>6} {'vs mha':>6}"
-        f" {'compiled tok/s':>14} {'compiled/eager':>14}"
+        f" {'compiled tok/s':>14} {'compiled/eager':>14} backend"
     )
     for r in rows:
         ref = f"{r['ref_tokens_per_s']:>10.0f}" if r["ref_tokens_per_s"] else f"{'-':>10}"
@@ -198,9 +218,9 @@ def main() -> None:
         gain = f"{r['compiled_vs_eager']:>14.2f}" if r["compiled_vs_eager"] else f"{'-':>14}"
         print(
             f"{r['size']:>5} {r['attention']:<24} {r['params']:>10,} {r['ours_tokens_per_s']:>10.0f} {ref} {ratio} "
-            f"{vs} {comp} {gain}"
+            f"{vs} {comp} {gain} {r['backend']}"
         )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad LRKV_PRECISION or LRKV_SDPA_BACKEND: one line, not a traceback
+    sys.exit(run_entry(main, "benchmarks/train_throughput.py"))

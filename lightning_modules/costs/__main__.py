@@ -6,8 +6,12 @@
     python -m lightning_modules.costs --memory --size 6.3b --attention lrkv --strategy fsdp --world 8 \\
         --micro-batch 8 --activation-checkpointing
     python -m lightning_modules.costs --memory --fits     # which paper runs fit on 8 x 80 / 8 x 141 GB
+    python -m lightning_modules.costs --memory --size nano --device cpu   # the step on this CPU
 
 The memory plan's micro-batch defaults to the size's recipe (conf/recipe/<size>.yaml, data.batch_size), else 1.
+--device (default cuda) is what the step runs on: the paper's runs train on GPUs, where SDPA runs a fused
+kernel (MLA too) and autocast runs norms and powers in fp32; cpu is the step benchmarks/memory_plan.py
+measures, whose MLA attention takes SDPA's math path (docs/costs.md, "Memory plan").
 """
 
 from __future__ import annotations
@@ -127,6 +131,12 @@ def memory_main(config: list[str], argv: list[str], as_json: bool) -> int:
     parser.add_argument("--optimizer", choices=memory.OPTIMIZERS, default="muon")
     parser.add_argument("--keep-gathered", action="store_true", help="reshard_after_forward false (FSDP)")
     parser.add_argument(
+        "--device",
+        choices=memory.DEVICES,
+        default="cuda",
+        help="what the step runs on: its SDPA kernels and autocast (default cuda; --fits is always cuda)",
+    )
+    parser.add_argument(
         "--fits", action="store_true", help="which paper runs fit on 8 x 80 GB and 8 x 141 GB"
     )
     args = parser.parse_args(argv)
@@ -152,6 +162,7 @@ def _memory_plan(config: list[str], args: argparse.Namespace, as_json: bool) -> 
         activation_checkpointing=args.activation_checkpointing,
         optimizer=args.optimizer,
         reshard_after_forward=not args.keep_gathered,
+        device=args.device,
     )
     result = memory.plan(model, attention, setup)
     print(

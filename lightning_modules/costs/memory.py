@@ -11,7 +11,9 @@ What each term is (bytes per rank):
   is run once per part (one block, and a one-block model for the embedding, final norm, head and loss) under
   torch's FakeTensorMode at the run's shapes, dtypes and autocast, and every saved tensor that is not a
   parameter is counted once per storage. So each attention and training path is counted as the code runs
-  it, at 6.3b as at nano, in a second. With activation checkpointing a block keeps only its input; its
+  it, at 6.3b as at nano, in a second. The trace runs on CPU fakes; for a CUDA step (Setup.device, the
+  default) it runs what CUDA runs instead: SDPA's fused kernels, the fused RMSNorm, CUDA autocast's fp32
+  ops ("a CUDA step" below, docs/costs.md). With activation checkpointing a block keeps only its input; its
   saved tensors come back one block at a time in the backward (part of the block transient).
 - transient (the largest short-lived allocation): the head's backward (two fp32 (B, T, V) tensors: the
   loss gradient and the log-softmax input gradient, while the log-probabilities are still held), a block's
@@ -24,7 +26,7 @@ What each term is (bytes per rank):
 The peak is parameters + optimiser state + the largest of three moments of the step: the start of the
 backward (all activations + the head's backward + gathered weights), the end of the backward (all gradients
 + a block's backward + gathered weights) and the optimiser step (all gradients + its transient). At small
-sizes it is checked against the peak the CPU allocator reaches (benchmarks/memory_plan.py,
+sizes its CPU plan (device="cpu") is checked against the peak the CPU allocator reaches (benchmarks/memory_plan.py,
 tests/costs/test_memory.py): within 15 %, single process and 2 gloo ranks under FSDP. What it leaves out: the CUDA
 context and allocator fragmentation (leave ~5-10 % headroom on a GPU), NCCL buffers, the data loader.
 """
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.model.attention import AttentionConfig, Resolved, as_resolved
@@ -49,6 +52,7 @@ from lightning_modules.optim.setup import OptimizerConfig, param_groups
 STRATEGIES = ("single", "ddp", "fsdp", "hybrid")
 PRECISIONS = ("32-true", "bf16-mixed")
 OPTIMIZERS = ("muon", "adamw")
+DEVICES = ("cuda", "cpu")  # what the step runs on: the saved tensors differ (see "a CUDA step" below)
 FP32 = 4
 BF16 = 2
 
@@ -56,7 +60,8 @@ BF16 = 2
 @dataclass(frozen=True)
 class Setup:
     """How a run is spread and batched. world: ranks in all; nodes: for "hybrid" (shards within a node).
-    micro_batch: sequences per rank per forward."""
+    micro_batch: sequences per rank per forward. device: "cuda" plans the GPU step (its SDPA kernels and its
+    autocast), "cpu" the CPU step that benchmarks/memory_plan.py measures."""
 
     strategy: str = "single"
     world: int = 1
@@ -66,12 +71,14 @@ class Setup:
     activation_checkpointing: bool = False
     optimizer: str = "muon"
     reshard_after_forward: bool = True
+    device: str = "cuda"
 
     def __post_init__(self) -> None:
         for name, allowed in (
             ("strategy", STRATEGIES),
             ("precision", PRECISIONS),
             ("optimizer", OPTIMIZERS),
+            ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(
@@ -97,7 +104,8 @@ class Setup:
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes per rank. `transient` is the largest short-lived term and `transient_kind` says which one;
-    `peak` is the plan's peak of a step (module docstring)."""
+    `peak` is the plan's peak of a step (module docstring); `attention_kernel` is the SDPA backend the
+    plan's attention runs on `device` (flash, efficient or math)."""
 
     parameters: int
     gradients: int
@@ -108,6 +116,8 @@ class MemoryPlan:
     peak: int
     peak_at: str
     terms: dict[str, int]
+    device: str = "cuda"
+    attention_kernel: str = "flash"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,7 +138,8 @@ def _local_numel(shape: torch.Size, shard: int) -> int:
 
 # ----- activations: what autograd saves, counted under FakeTensorMode -------------------------------------
 def _saved_bytes(run: Any, parameters: list[torch.Tensor]) -> tuple[int, int]:
-    """Bytes of the distinct non-parameter storages autograd saves while `run()` executes, and the largest."""
+    """Bytes of the distinct non-parameter storages autograd saves while `run()` executes, and the largest
+    (run under a _Step, which makes it a CUDA or a CPU step)."""
     skip = {p.untyped_storage()._cdata for p in parameters}
     seen: dict[int, int] = {}
 
@@ -143,22 +154,200 @@ def _saved_bytes(run: Any, parameters: list[torch.Tensor]) -> tuple[int, int]:
     return sum(seen.values()), max(seen.values(), default=0)
 
 
+# ----- a CUDA step, traced on the CPU ---------------------------------------------------------------------
+# FakeTensorMode cannot fake CUDA tensors through autograd on a CPU-only torch (it aborts), so a CUDA plan
+# traces CPU fakes under CPU autocast and changes the three things a CUDA run does differently:
+# 1. SDPA's kernel. On a CPU, unequal head dims (MLA) take SDPA's math path, which saves fp32 (B, H, T, T)
+#    probabilities; CUDA picks by its own rules (sdpa_cuda_kernel) and the fused kernels save only q, k, v,
+#    the output, the fp32 log-sum-exp and the philox seed and offset. The stand-in calls the CUDA op itself
+#    (aten._scaled_dot_product_flash_attention / _efficient_attention): FakeTensorMode runs the op's meta
+#    kernel and its real autograd node saves what the CUDA kernel's backward reads, exactly.
+# 2. Autocast's fp32 list. CUDA autocast runs these ops in fp32 (ATen/autocast_mode.h, AT_FORALL_FP32 and
+#    AT_FORALL_FP32_SET_OPT_DTYPE); CPU autocast does not, so the CPU trace would keep their bf16 inputs.
+#    The decoder reaches two: rms_norm (the QK-norm and MLA's latent norms see bf16 projections) and pow
+#    (ReLU^2: Tensor.square is pow(x, 2) underneath, where CUDA autocast catches it).
+# 3. RMSNorm's kernel. On a CPU rms_norm is a composite of pow, mean, rsqrt and two products, whose backward
+#    keeps the normalised input too; on CUDA it calls the fused aten._fused_rms_norm (ATen's
+#    _fused_rms_norm_cuda), whose backward reads only the input, the fp32 rstd and the weight (_FusedRMSNorm).
+# The header's lists as written there (square added: it is pow underneath), one string for compactness.
+_HEADER_FP32 = (
+    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow square softplus "
+    "layer_norm rms_norm group_norm cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss "
+    "hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss "
+    "multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss "
+    "binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp"
+)
+_CUDA_FP32_OPS = tuple(_HEADER_FP32.split())
+# these get dtype=fp32 instead of a cast (AT_FORALL_FP32_SET_OPT_DTYPE)
+_CUDA_FP32_DTYPE_OPS = ("prod", "softmax", "log_softmax", "cumprod", "cumsum", "sum")
+
+
+def _functions(names: tuple[str, ...]) -> set[Any]:
+    found = {getattr(m, n) for m in (torch, torch.Tensor, F) for n in names if hasattr(m, n)}
+    return found | ({torch.Tensor.__pow__, torch.Tensor.__rpow__} if "pow" in names else set())
+
+
+_FP32_CAST = _functions(_CUDA_FP32_OPS)
+_FP32_DTYPE = _functions(_CUDA_FP32_DTYPE_OPS)
+_FP32_OPS = _FP32_CAST | _FP32_DTYPE
+_LOW = (torch.float16, torch.bfloat16)
+# SDPA's memory-efficient kernel and grouped heads: the installed torch documents GQA on CUDA for flash
+# and math only (torch.nn.functional.scaled_dot_product_attention's docstring), so fp32 GQA/MQA takes math.
+EFFICIENT_TAKES_GROUPED_HEADS = False
+
+
+def sdpa_cuda_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool, causal: bool) -> str:
+    """The SDPA backend a CUDA GPU of compute capability 8.0 to 12.1 runs for these (already cast) inputs
+    under torch's default order, flash > memory-efficient > math (ATen's transformers/cuda/sdp_utils.cpp):
+    flash needs fp16/bf16, no mask, equal q/k/v head dims <= 256 and a square causal mask; efficient needs
+    q and k head dims equal and both head dims a multiple of the GEMM alignment (8 for fp16/bf16, 4 for
+    fp32 on sm80+). Where torch prefers cuDNN (sm90 with cuDNN > 9.15), cuDNN takes what flash takes and
+    saves the same bytes (its log-sum-exp is (B, H, T, 1)) but for its seeds, 8 bytes fewer."""
+    grouped = q.shape[-3] != k.shape[-3]
+    dq, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
+    half = q.dtype in _LOW
+    if half and not masked and dq == dk == dv <= 256 and (not causal or q.shape[-2] == k.shape[-2]):
+        return "flash"
+    align = 8 if half else 4
+    if dq == dk and dq % align == 0 and dv % align == 0 and (EFFICIENT_TAKES_GROUPED_HEADS or not grouped):
+        return "efficient"
+    return "math"
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """aten._fused_rms_norm as a CUDA step runs it: saves the input, the rstd (fp32, the input's leading dims
+    and 1 for each normalised one, as aten's own decomposition of the op returns it) and the weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, dims: int) -> torch.Tensor:
+        rstd = x.new_empty((*x.shape[: x.ndim - dims], *([1] * dims)), dtype=torch.float32)
+        ctx.save_for_backward(x, rstd, weight)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # never run by the plan
+        x, _, weight = ctx.saved_tensors
+        return torch.zeros_like(x), None if weight is None else torch.zeros_like(weight), None
+
+
+class _Step(TorchFunctionMode):
+    """A traced step on `device`: on "cuda", inside the CPU trace, what a CUDA step does differently (the
+    comment above); on "cpu", the trace as it runs. `kernels` collects the SDPA backend of every call.
+    Inside __torch_function__ the mode is off, so the calls below run plainly."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.cuda = device == "cuda"
+        self.kernels: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            if self.cuda:
+                return self._attention(*args, **kwargs)
+            out = func(*args, **kwargs)
+            self.kernels.append(_kernel_of(out))
+            return out
+        if self.cuda and func in (F.rms_norm, torch.rms_norm):
+            return self._rms_norm(*args, **kwargs)
+        if self.cuda and func in _FP32_OPS and torch.is_autocast_enabled("cpu"):  # CUDA's autocast here
+            low = any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in (*args, *kwargs.values()))
+            if low:
+                with torch.autocast("cpu", enabled=False):
+                    if func in _FP32_DTYPE:
+                        return func(*args, **{"dtype": torch.float32, **kwargs})
+                    return func(*_fp32(args), **_fp32(kwargs))
+        return func(*args, **kwargs)
+
+    def _rms_norm(
+        self,
+        x: torch.Tensor,
+        normalized_shape: Any,
+        weight: torch.Tensor | None = None,
+        eps: float | None = None,
+    ) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):  # rms_norm is on CUDA autocast's fp32 list
+            x, weight = _fp32(x), _fp32(weight)
+        return _FusedRMSNorm.apply(x, weight, len(normalized_shape))
+
+    def _attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):  # CUDA autocast's cast of SDPA's inputs (none for bf16 ones)
+            q, k, v = (t.to(torch.bfloat16) if t.dtype == torch.float32 else t for t in (q, k, v))
+        kernel = sdpa_cuda_kernel(q, k, v, attn_mask is not None, is_causal)
+        self.kernels.append(kernel)
+        aten = torch.ops.aten
+        with torch.autocast("cpu", enabled=False):  # autocast does not reach inside SDPA on CUDA either
+            if kernel == "flash":  # padded to a multiple of 8 first, as SDPA does (ATen's attention.cpp)
+                d = q.shape[-1]
+                pad = -d % 8
+                q, k, v = (F.pad(t, (0, pad)) if pad else t for t in (q, k, v))
+                scale = scale if scale is not None else 1.0 / math.sqrt(d)
+                out = aten._scaled_dot_product_flash_attention(
+                    q, k, v, dropout_p, is_causal, False, scale=scale
+                )[0]
+                return out[..., :d] if pad else out
+            if kernel == "efficient":
+                return aten._scaled_dot_product_efficient_attention(
+                    q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale
+                )[0]
+            return aten._scaled_dot_product_attention_math(
+                q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+            )[0]
+
+
+def _kernel_of(out: torch.Tensor) -> str:
+    """The SDPA backend that made `out`, read from its autograd node: a fused kernel's own node, or the
+    math path's composite ops. (torch._fused_sdp_choice cannot say: under FakeTensorMode it answers math
+    where the CPU dispatch takes flash.)"""
+    node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
+    return "flash" if "FlashAttention" in node else "efficient" if "EfficientAttention" in node else "math"
+
+
+def _fp32(values: Any) -> Any:
+    """Autocast's fp32 cast: fp16/bf16 tensors (also inside lists, tuples, dict values) become fp32."""
+    if isinstance(values, torch.Tensor):
+        return values.float() if values.dtype in _LOW else values
+    if isinstance(values, (list, tuple)):
+        return type(values)(_fp32(v) for v in values)
+    if isinstance(values, dict):
+        return {k: _fp32(v) for k, v in values.items()}
+    return values
+
+
 @dataclass(frozen=True)
 class Activations:
     block: int  # saved by one decoder block
     block_largest: int  # its largest saved tensor
     ends: int  # saved by the embedding, final norm, head and loss
     block_input: int  # one block's input (what a checkpointed block keeps)
+    attention_kernel: str = "flash"  # the block's SDPA backend(s), "+"-joined when its calls differ
 
 
-_TRACED: dict[tuple[str, str, int, str, bool], Activations] = {}
+_TRACED: dict[tuple[str, str, int, str, bool, str], Activations] = {}
 
 
 def activations(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup) -> Activations:
-    """activations_traced, once per model, attention, micro-batch, precision and sharding (a table of
-    plans asks for the same traces many times)."""
+    """activations_traced, once per model, attention, micro-batch, precision, sharding and device (a table
+    of plans asks for the same traces many times)."""
     resolved = as_resolved(model, attention)
-    key = (repr(model), repr(resolved.config), setup.micro_batch, setup.precision, setup.sharded)
+    key = (
+        repr(model),
+        repr(resolved.config),
+        setup.micro_batch,
+        setup.precision,
+        setup.sharded,
+        setup.device,
+    )
     if key not in _TRACED:
         _TRACED[key] = activations_traced(model, resolved, setup)
     return _TRACED[key]
@@ -169,7 +358,8 @@ def activations_traced(
 ) -> Activations:
     """Saved-for-backward bytes of one block and of the rest, at (micro_batch, seq_len), traced without
     allocating. Under FSDP with bf16-mixed the blocks and the root compute with bf16 weights (no autocast
-    copies of the weights are saved); on one device autocast saves a bf16 copy of every weight it casts."""
+    copies of the weights are saved); on one device autocast saves a bf16 copy of every weight it casts.
+    On "cuda" the trace is a CUDA step's (_Step: CUDA's SDPA kernels and autocast's fp32 ops)."""
     resolved = as_resolved(model, attention)
     one_layer = dataclasses.replace(model, n_layer=1)
     mixed = setup.precision == "bf16-mixed"
@@ -196,9 +386,14 @@ def activations_traced(
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
                 net.blocks[0](x, net.rope)
 
-        whole_bytes, _ = _saved_bytes(whole, params)
-        block_bytes, block_largest = _saved_bytes(block, params)
-    return Activations(block_bytes, block_largest, whole_bytes - block_bytes, B * T * model.d_model * FP32)
+        with _Step(setup.device):
+            whole_bytes, _ = _saved_bytes(whole, params)
+        with _Step(setup.device) as step:
+            block_bytes, block_largest = _saved_bytes(block, params)
+    kernel = "+".join(dict.fromkeys(step.kernels)) or "none"
+    return Activations(
+        block_bytes, block_largest, whole_bytes - block_bytes, B * T * model.d_model * FP32, kernel
+    )
 
 
 # ----- the plan -----------------------------------------------------------------------------------------
@@ -263,6 +458,8 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
             "gathered": gathered,
             "step": step,
         },
+        device=setup.device,
+        attention_kernel=act.attention_kernel,
     )
 
 
@@ -315,7 +512,7 @@ def format_plan(
     lines = [
         f"memory per rank: {model.name} {attention.label()}, {where}, micro-batch {setup.micro_batch} x "
         f"{model.seq_len}, {setup.precision}, activation checkpointing {'on' if setup.activation_checkpointing else 'off'}, "
-        f"{setup.optimizer}",
+        f"{setup.optimizer}, on {setup.device} (attention: SDPA {result.attention_kernel})",
         f"  parameters       {gib(result.parameters):>12}",
         f"  gradients        {gib(result.gradients):>12}",
         f"  optimiser state  {gib(result.optimizer):>12}",

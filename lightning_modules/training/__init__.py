@@ -2,6 +2,8 @@
 
 - language_model.py  the LightningModule: loss, metrics, optimisers, compute accounting, the budget
 - cli.py             LightningCLI with the project's conventions (precision, tracking, resume, run names)
-- throughput.py      tokens per second and model FLOPs utilisation per step
+- throughput.py      tokens per second and model FLOPs utilisation over windows of steps (the peak table)
+- host_sync.py       which steps read device values back; the non-finite loss watch
+- final_validation.py  a validation at the last step of every fit
 - signals.py         SIGTERM, Ctrl-C, SIGUSR1: save the step, end the run KILLED, exit 128 + the signal
 """

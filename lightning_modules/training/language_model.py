@@ -37,6 +37,7 @@ from lightning_modules.model.attention import AttentionConfig, Resolved, kernel,
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
+from lightning_modules.training import host_sync
 
 
 @dataclass
@@ -105,6 +106,7 @@ class LanguageModel(L.LightningModule):
         self._parallelized = False
         self._kernel_logged = False
         self._last_step: step_log.StepMetrics | None = None  # what the latest training step logs
+        self._loss_watch = host_sync.LossWatch()  # read back only on host_sync.due steps
         self._resumed_unlogged: dict[str, Any] | None = (
             None  # from the checkpoint resumed (lightning_modules/checkpoint/step_log.py)
         )
@@ -173,6 +175,7 @@ class LanguageModel(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._kernel_logged = False
+        kernel.forget()  # tag the first training step's kernels, not the sanity check's (no grad there)
         if self._resumed_unlogged is not None and self.trainer.is_global_zero:
             logged = step_log.log_missing(self.logger, self._resumed_unlogged)
             if logged:
@@ -180,14 +183,17 @@ class LanguageModel(L.LightningModule):
         self._resumed_unlogged = None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """After the first step, say which attention kernel ran (kernel.attend records it): an MLflow tag
-        `attention_kernel` on rank 0, and a log line."""
+        """After the first step, say which attention kernel ran (kernel.attend records each call's, SDPA's
+        backend included, e.g. sdpa:flash): MLflow tags `attention_kernel` and `attention_kernel_reason` on
+        rank 0, and a log line."""
         if self._kernel_logged:
             return
         self._kernel_logged = True
-        rank_zero_info(f"attention kernel: {kernel.last_kernel} ({kernel.last_reason})")
+        ran, why = kernel.summary()
+        rank_zero_info(f"attention kernel: {ran} ({why})")
         if isinstance(self.logger, MLFlowLogger) and self.trainer.is_global_zero:
-            self.logger.experiment.set_tag(self.logger.run_id, "attention_kernel", kernel.last_kernel)
+            self.logger.experiment.set_tag(self.logger.run_id, "attention_kernel", ran)
+            self.logger.experiment.set_tag(self.logger.run_id, "attention_kernel_reason", why)
 
     # ----- steps --------------------------------------------------------------------------------
     def forward(self, tokens: Tensor) -> Tensor:
@@ -200,11 +206,9 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"non-finite training loss ({loss.item()}) at step {self.global_step} (batch {batch_idx}); "
-                f"stopped before the update. Last good checkpoint: {self._last_checkpoint()}"
-            )
+        self._loss_watch.observe(loss, self.global_step, batch_idx)
+        if host_sync.due(self.trainer):  # not every step: each check is a host sync (host_sync.py)
+            self._stop_if_non_finite(now=self.global_step)
         tokens = batch[:, 1:].numel() * self.trainer.world_size
         self.tokens_seen += tokens
         self.flops_seen += tokens * self.flops_per_token(batch[:, 1:].numel())
@@ -218,11 +222,38 @@ class LanguageModel(L.LightningModule):
         self._last_step = step_log.StepMetrics(lightning_api.log_step(self.trainer), metrics)
         return loss
 
+    def _stop_if_non_finite(self, now: int | None = None, found: str = "") -> None:
+        """Raise NonFiniteLossError naming the first non-finite loss seen, if any: at training step `now`
+        (before its update), or where `found` says. A loss is read back only every
+        trainer.log_every_n_steps steps, so the steps between the bad one and the check may have updated the
+        weights; no checkpoint is written after it (on_save_checkpoint checks first)."""
+        bad = self._loss_watch.first_bad()
+        if bad is None:
+            return
+        step, batch_idx, value = bad
+        if now == step:
+            found = "stopped before the update"
+        elif now is not None:
+            found = (
+                f"found at step {now}, before its update (the loss is read back every "
+                f"{host_sync.every(self.trainer)} steps: trainer.log_every_n_steps): steps {step} to "
+                f"{now - 1} updated the weights and no checkpoint was written after it"
+            )
+        raise NonFiniteLossError(
+            f"non-finite training loss ({value}) at step {step} (batch {batch_idx}); {found}. "
+            f"Last good checkpoint: {self._last_checkpoint()}"
+        )
+
+    def on_train_end(self) -> None:
+        self._stop_if_non_finite(found="found at the end of training (the last steps are checked here)")
+
     def _last_checkpoint(self) -> str:
-        """The newest checkpoint any ModelCheckpoint callback has written in this run."""
+        """The newest checkpoint any ModelCheckpoint callback has written (in this run, or in its folder)."""
         paths = set()
         for callback in self.trainer.checkpoint_callbacks:
             paths.update([callback.last_model_path, callback.best_model_path, *callback.best_k_models])
+            if callback.dirpath:  # a save refused by on_save_checkpoint has moved the paths above on already
+                paths.update(str(p) for p in Path(callback.dirpath).glob("*.ckpt"))
         written = [Path(p) for p in paths if p and Path(p).exists()]  # sharded checkpoints are directories
         return str(max(written, key=lambda p: p.stat().st_mtime_ns)) if written else "none written yet"
 
@@ -271,6 +302,7 @@ class LanguageModel(L.LightningModule):
 
     # ----- checkpoint state beyond Lightning's ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._stop_if_non_finite(found=f"found when saving step {self.global_step}'s checkpoint: not written")
         hparams = checkpoint.setdefault("hyper_parameters", {})
         hparams.update(
             arch=asdict(self.arch),

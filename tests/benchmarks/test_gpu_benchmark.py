@@ -1,12 +1,15 @@
 """benchmarks/gpu.py without a GPU: it says so and exits 0; its code runs end to end on a CPU at nano
-(a smoke run, no figures); its verdicts follow the issue's targets."""
+(a smoke run, no figures) through its child process per size; its verdicts follow the issue's targets; one
+row's failure is that row's status; recompiles and the recompile limit are read from Dynamo."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -42,8 +45,11 @@ def test_cpu_smoke_run_gives_every_row(bench: ModuleType, capsys: pytest.Capture
     labels = [r["attention"] for r in rows]
     assert labels == ["mha", "mqa", "gqa-g2", "mla-c64", "lrkv-r8 (factorized)", "lrkv-r8 (materialized)"]
     for r in rows:
-        assert r["status"] == "ok" and r["kernel"] == r["kernel_ran"] == "sdpa" and r["tokens_per_s"] > 0
-        assert r["mfu"] is None and r["peak_mem_gib"] is None  # no peak rate or memory counter on a CPU
+        # kernel_ran is attend's record, "sdpa" and its backend ("sdpa:math"...) where it names one
+        assert r["status"] == "ok" and r["kernel"] == "sdpa" and r["tokens_per_s"] > 0
+        assert r["kernel_ran"].split(":")[0] == "sdpa"
+        assert r["mfu"] is None and r["mfu_causal_half"] is None  # no peak rate on a CPU
+        assert r["peak_mem_gib"] is None and r["recompiles"] is None  # nor a memory counter; eager rows
         assert r["compile"] is False and r["plan_peak_gib"] > 0  # the memory plan's peak beside it
     assert report["environment"]["command"].startswith("python benchmarks/gpu.py --device cpu")
     if kernel.flash_attn_func is None:
@@ -81,6 +87,109 @@ def test_compile_on_and_off_rows_with_the_memory_plan(
         ("mha", False, "ok"),
         ("mha", True, "ok"),
     ]
+    assert rows[0]["recompiles"] is None and isinstance(rows[1]["recompiles"], int)  # counted when compiled
+    assert rows[1]["recompiles"] == 0 or rows[1]["recompile_reason"]  # and a recompile says why
     assert rows[0]["plan_peak_gib"] == rows[1]["plan_peak_gib"]  # the plan does not depend on compile
     assert rows[0]["vs_mha"] == rows[1]["vs_mha"] == 1.0  # each against mha with the same compile setting
     assert "| compile |" in bench.table(rows) and "| plan GiB |" in bench.table(rows)
+
+
+TINY = ["--device", "cpu", "--sizes", "nano", "--seq-len", "32", "--batch-size", "2", "--steps", "1"]
+
+
+def test_one_rows_failure_is_its_status_and_the_others_still_run(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = bench.build_parser().parse_args(
+        [*TINY, "--warmup", "0", "--compile", "off", "--kinds", "mha", "mqa", "gqa"]
+    )
+    args.bf16 = False
+    failures = {"mqa": RuntimeError("boom\nsecond line"), "gqa": torch.OutOfMemoryError("no room")}
+
+    def time_steps(model: Any, attention: Any, *rest: Any) -> float:
+        if attention.kind in failures:
+            raise failures[attention.kind]
+        return 0.5
+
+    monkeypatch.setattr(bench, "time_steps", time_steps)
+    rows = bench.measure_all(args, torch.device("cpu"))  # no argv: in this process
+    assert [(r["attention"], r["status"]) for r in rows] == [
+        ("mha", "ok"),
+        ("mqa", "error"),
+        ("gqa-g2", "oom"),
+    ]
+    assert rows[0]["tokens_per_s"] == 2 * 32 / 0.5
+    assert rows[1]["error"] == "RuntimeError: boom" and rows[1]["tokens_per_s"] is None
+    assert "error" not in rows[2] and rows[2]["tokens_per_s"] is None
+    assert "| error: RuntimeError: boom |" in bench.table(rows) and "| oom |" in bench.table(rows)
+    assert [line.split()[2] for line in bench.compare(rows)] == ["mha"]  # failed rows are out of the verdicts
+
+
+def test_a_dead_child_costs_its_row_and_a_fresh_child_runs_the_rest(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [*TINY, "--compile", "off"]
+    args = bench.build_parser().parse_args(argv)
+    args.bf16 = False
+    n = len(bench.plan("nano", args))
+    commands: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: Any) -> SimpleNamespace:
+        commands.append(command)
+        todo = [int(i) for i in command[command.index("--rows") + 1 :]]
+        done = todo[:2] if len(commands) == 1 else todo  # the first child dies on its third row
+        lines = ["some library's own stdout line"]
+        lines += [bench.ROW_MARK + json.dumps({"index": i, "attention": f"row{i}", "kernel": "sdpa",
+                                              "compile": False, "status": "ok"}) for i in done]  # fmt: skip
+        return SimpleNamespace(stdout="\n".join(lines), returncode=-11 if len(commands) == 1 else 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    rows = bench.child_rows("nano", argv, time.time() + 60, args)
+    assert [r["status"] for r in rows] == ["ok", "ok", "crashed"] + ["ok"] * (n - 3)
+    assert rows[2]["error"] == "the child process exited -11 on this row (its stderr above)"
+    assert [r["attention"] for r in rows if r["status"] == "ok"] == [f"row{i}" for i in range(n) if i != 2]
+    assert commands[0][commands[0].index("--one-size") + 1] == "nano"
+    assert commands[1][commands[1].index("--rows") + 1 :] == [str(i) for i in range(3, n)]
+
+
+def test_rows_past_the_deadline_are_skipped_without_a_child(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = bench.build_parser().parse_args([*TINY, "--compile", "off", "--kinds", "mha"])
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: pytest.fail("no child past the deadline"))
+    rows = bench.child_rows("nano", [], time.time() - 1, args)
+    assert [(r["attention"], r["status"]) for r in rows] == [("mha", "skipped")]
+
+
+def test_recompiles_and_the_limit_are_read_from_dynamo(
+    monkeypatch: pytest.MonkeyPatch, bench: ModuleType
+) -> None:
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    torch.compiler.reset()
+    bench.dynamo_utils.clear_compilation_metrics()
+
+    @torch.compile(backend="eager", dynamic=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+    double(torch.ones(2))
+    assert bench.compile_stats() == (0, False, None)
+    double(torch.ones(3))  # a new static shape: one recompile
+    recompiles, hit, reason = bench.compile_stats()
+    assert (recompiles, hit) == (1, False) and "size mismatch at index 0" in reason
+    double(torch.ones(4))  # past the limit of 2 entries: runs eager
+    assert bench.compile_stats()[:2] == (1, True)
+    torch.compiler.reset()
+
+
+def test_a_row_past_the_recompile_limit_says_so_and_is_out_of_the_verdicts(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = bench.build_parser().parse_args([*TINY, "--compile", "on", "--kinds", "mha"])
+    args.bf16 = False
+    monkeypatch.setattr(bench, "time_steps", lambda *a: 1.0)
+    monkeypatch.setattr(bench, "compile_stats", lambda: (8, True, "a guard failed"))
+    (row,) = bench.measure_all(args, torch.device("cpu"))
+    assert (row["status"], row["recompiles"], row["tokens_per_s"]) == ("recompile-limit", 8, 64)
+    assert "hit torch._dynamo's recompile limit" in capsys.readouterr().err
+    assert bench.compare([row]) == []

@@ -33,6 +33,11 @@ class FakeFlash:
         return out.transpose(1, 2)
 
 
+@pytest.fixture(autouse=True)
+def sdpa_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kernel.BACKEND_ENV, raising=False)  # a forced backend would skip flash-attn
+
+
 @pytest.fixture
 def flash(monkeypatch: pytest.MonkeyPatch) -> FakeFlash:
     fake = FakeFlash()
@@ -53,14 +58,17 @@ def qkv(H: int = 4, G: int = 2, d: int = 16, d_v: int | None = None, T: int = 8,
 def test_flash_not_installed_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel, "flash_attn_func", None)
     kernel.attend(*qkv())
-    assert (kernel.last_kernel, kernel.last_reason) == ("sdpa", "flash-attn not installed")
+    assert (kernel.last_kernel, kernel.last_reason) == (
+        "sdpa:flash",  # SDPA's CPU flash kernel (tests/model/test_sdpa_backend.py checks it is what ran)
+        "flash-attn not installed; chosen by SDPA's dispatch",
+    )
 
 
 def test_installed_but_on_cpu_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeFlash()
     monkeypatch.setattr(kernel, "flash_attn_func", fake)  # the real device check stays
     kernel.attend(*qkv())
-    assert kernel.last_kernel == "sdpa" and "not a CUDA GPU" in kernel.last_reason and not fake.calls
+    assert kernel.last_kernel == "sdpa:flash" and "not a CUDA GPU" in kernel.last_reason and not fake.calls
 
 
 def test_flash_gets_grouped_heads_natively_and_matches_sdpa(flash: FakeFlash) -> None:
@@ -81,20 +89,27 @@ def test_decode_chunk_after_a_cache_is_bottom_right_causal(flash: FakeFlash) -> 
 
 
 @pytest.mark.parametrize(
-    ("shapes", "dtype", "reason"),
+    ("shapes", "dtype", "reason", "backend"),
     [
-        ({"d": 16, "d_v": 8}, torch.bfloat16, "unequal head dims q/k 16, v 8"),  # MLA
-        ({"d": 288}, torch.bfloat16, "head dim 288 > 256"),
-        ({}, torch.float32, "dtype torch.float32"),
+        ({"d": 16, "d_v": 8}, torch.bfloat16, "unequal head dims q/k 16, v 8", "sdpa:math"),  # MLA
+        ({"d": 288}, torch.bfloat16, "head dim 288 > 256", "sdpa:flash"),  # SDPA's CPU flash: any head dim
+        ({}, torch.float32, "dtype torch.float32", "sdpa:flash"),
     ],
 )
 def test_what_flash_cannot_run_goes_to_sdpa(
-    flash: FakeFlash, shapes: dict, dtype: torch.dtype, reason: str
+    flash: FakeFlash, shapes: dict, dtype: torch.dtype, reason: str, backend: str
 ) -> None:
     q, k, v = qkv(dtype=dtype, **shapes)
     out = kernel.attend(q, k, v)
-    assert kernel.last_kernel == "sdpa" and reason in kernel.last_reason and not flash.calls
+    assert kernel.last_kernel == backend and reason in kernel.last_reason and not flash.calls
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+
+def test_a_forced_sdpa_backend_skips_flash_attn(flash: FakeFlash, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernel.BACKEND_ENV, "math")
+    kernel.attend(*qkv())
+    assert (kernel.last_kernel, kernel.last_reason) == ("sdpa:math", "forced by LRKV_SDPA_BACKEND=math")
+    assert not flash.calls
 
 
 def test_fp32_under_bf16_autocast_runs_flash_in_bf16(flash: FakeFlash) -> None:
@@ -113,7 +128,7 @@ def test_every_variant_dispatches_through_attend(flash: FakeFlash, kind: str) ->
     tokens = torch.randint(0, 128, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(tokens)
-        assert kernel.last_kernel == ("sdpa" if kind == "mla" else "flash_attn")
+        assert kernel.last_kernel == ("sdpa:math" if kind == "mla" else "flash_attn")
         kernel.flash_attn_func = None  # the same model through SDPA
         reference = model(tokens)
     torch.testing.assert_close(logits, reference)

@@ -71,6 +71,7 @@ def test_fit_then_test_lands_in_mlflow_on_an_equal_flops_budget(
     assert (tags["size"], tags["attention"], tags["seed"]) == ("nano", kind, "7")
     assert tags["budget"] == f"flops={BUDGET_FLOPS:.3g}" and len(tags["git_commit"]) >= 7
     assert Path(tags["checkpoint_dir"]) == last.parent.resolve()
+    assert tags["attention_kernel"] == ("sdpa:math" if kind == "mla" else "sdpa:flash")  # SDPA's CPU backends
     params = run.data.params
     expected = costs.cost_row(model.arch, model.attention)
     assert (
