@@ -5,8 +5,8 @@ lr-x1.yaml, lr-x2.yaml), read from their committed ledgers (results/<protocol>/r
         --column 2x=results/lr-x2 --reference 1x --out results/lr-check
 
 A column is a name and one or more ledger folders (comma-separated: their runs are pooled, e.g. the same
-setting run under two protocols); arms are matched by label and seed. Per arm: the mean final test CE and its
-95 % t-interval in every column, the best column by mean, and each column minus the reference paired by seed,
+setting run under two protocols); arms are matched by label and seed. Per arm, over the seeds every column
+ran: the mean final test CE and its 95 % t-interval in every column, the best column by mean, and each column minus the reference paired by seed,
 with the paired t-test's p and Holm's adjustment over all (arm, column) comparisons (docs/statistics.md).
 The question it answers: does any arm's best setting differ from the common one, beyond seed noise?
 Writes sweep.csv, differences.csv and README.md into --out.

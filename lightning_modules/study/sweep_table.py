@@ -46,8 +46,12 @@ def sweep(columns: list[Column], reference: str) -> tuple[pd.DataFrame, pd.DataF
     for label in labels:
         row: dict[str, object] = {"label": label}
         means = {}
+        have = {n: losses[n][label] for n in names if label in losses[n].index.get_level_values(0)}
+        # The seeds every column ran: a column with more seeds would otherwise average over other draws
+        common = set.intersection(*(set(v.index) for v in have.values())) if have else set()
+        row["seeds"] = ", ".join(map(str, sorted(common)))
         for name in names:
-            values = losses[name][label] if label in losses[name].index.get_level_values(0) else pd.Series()
+            values = have[name][sorted(common)] if name in have else pd.Series(dtype=float)
             ci = mean_ci(values)
             row.update({f"{name}_mean": ci.mean, f"{name}_ci_low": ci.low, f"{name}_ci_high": ci.high,
                         f"{name}_seeds": ci.n})  # fmt: skip

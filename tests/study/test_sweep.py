@@ -52,6 +52,14 @@ def test_a_column_pools_its_folders_and_counts_a_run_once(tmp_path: Path) -> Non
     again = ledger(tmp_path / "b", LOSSES["one"])  # seeds 1-2 twice, seed 3 once
     column = sweep.parse_column(f"one={one},{again}")
     assert len(sweep_table.finals(column)) == 6
+    # a column with fewer seeds (seeds 1-2 at half) sets the seeds every column is averaged over
+    half = sweep.parse_column(
+        f"half={ledger(tmp_path / 'h', {k: v for k, v in LOSSES['half'].items() if k[1] < 3})}"
+    )
+    table, _ = sweep_table.sweep([half, column], "one")
+    mha = table.set_index("label").loc["mha"]
+    assert mha["seeds"] == "1, 2" and mha["one_seeds"] == 2
+    assert mha["one_mean"] == pytest.approx((5.60 + 5.72) / 2)
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
