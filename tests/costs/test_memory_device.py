@@ -12,7 +12,7 @@ import torch
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.core.fragments import fragment
-from lightning_modules.costs import memory
+from lightning_modules.costs import cuda_step, memory
 from lightning_modules.costs.__main__ import main as costs_main
 from lightning_modules.model.attention import load_configs
 from tests.helpers import attn, tiny_model
@@ -106,15 +106,17 @@ def test_cuda_kernel_rules() -> None:
         ]
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert memory.sdpa_cuda_kernel(*qkv(bf16), masked=False, causal=True) == "flash"
-    assert memory.sdpa_cuda_kernel(*qkv(bf16, kv_heads=1), masked=False, causal=True) == "flash"
-    assert memory.sdpa_cuda_kernel(*qkv(bf16), masked=True, causal=False) == "efficient"
-    assert memory.sdpa_cuda_kernel(*qkv(bf16, dq=192, dv=128), masked=False, causal=True) == "efficient"
-    assert memory.sdpa_cuda_kernel(*qkv(bf16, dq=264, dv=264), masked=False, causal=True) == "efficient"
-    assert memory.sdpa_cuda_kernel(*qkv(bf16, dq=60, dv=64), masked=False, causal=True) == "math"  # align 8
-    assert memory.sdpa_cuda_kernel(*qkv(fp32, dq=60, dv=60), masked=False, causal=True) == "efficient"
-    assert memory.sdpa_cuda_kernel(*qkv(fp32), masked=False, causal=True) == "efficient"
-    assert memory.sdpa_cuda_kernel(*qkv(fp32, kv_heads=2), masked=False, causal=True) == "math"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(bf16), masked=False, causal=True) == "flash"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(bf16, kv_heads=1), masked=False, causal=True) == "flash"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(bf16), masked=True, causal=False) == "efficient"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(bf16, dq=192, dv=128), masked=False, causal=True) == "efficient"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(bf16, dq=264, dv=264), masked=False, causal=True) == "efficient"
+    assert (
+        cuda_step.sdpa_cuda_kernel(*qkv(bf16, dq=60, dv=64), masked=False, causal=True) == "math"
+    )  # align 8
+    assert cuda_step.sdpa_cuda_kernel(*qkv(fp32, dq=60, dv=60), masked=False, causal=True) == "efficient"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(fp32), masked=False, causal=True) == "efficient"
+    assert cuda_step.sdpa_cuda_kernel(*qkv(fp32, kv_heads=2), masked=False, causal=True) == "math"
 
 
 def test_mla_at_128m_batch_16_loses_the_probabilities_on_cuda() -> None:
