@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from lightning_modules.core.precision import cpu_name
+
 SMI_FIELDS = "name,driver_version,memory.total,clocks.max.sm,power.limit,mig.mode.current"
 
 
@@ -24,17 +26,6 @@ def version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def nvidia_smi() -> str:
@@ -76,7 +67,7 @@ def main() -> None:
         "torchmetrics": version("torchmetrics"),
         "numpy": version("numpy"),
         "flash_attn": version("flash-attn"),
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "nvidia_smi": nvidia_smi(),
         **cuda_info(),
