@@ -70,6 +70,24 @@ def hold(folder: Path, run_id: str) -> IO[str]:
     return file
 
 
+def orphaned(pid: int) -> bool:
+    """Whether the worker `pid` outlived the runner that started it (Linux: read from /proc), so it is about to
+    end: the kernel has sent it SIGKILL (die_with_runner), or its stdin pipe has ended. Such a worker can take
+    seconds to go, e.g. inside a checkpoint write on a loaded machine. False when unknown."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return False
+    if b"--runner-pid" not in argv:
+        return False
+    try:
+        runner = int(argv[argv.index(b"--runner-pid") + 1])
+    except (IndexError, ValueError):
+        return False
+    return parent != runner
+
+
 class RunnerGoneError(UserError):
     """The runner that started this worker is no longer its parent."""
 

@@ -30,6 +30,8 @@ from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 
 POLL_S = 1.0
+# How long a rerun waits for an orphaned worker (lock.orphaned) to go before it leaves the run for later.
+ORPHAN_WAIT_S = 60.0
 
 
 @dataclass
@@ -172,6 +174,10 @@ class Runner:
         # A worker of this machine may still hold the run though its claim went stale (an orphan of a runner
         # killed where workers cannot follow it): leave it be, without claiming. The worker checks again.
         held = _holder(found)
+        if held and lock.orphaned(held):
+            self.say(f"  {spec.size} {spec.label} seed {spec.seed}: waiting for the worker (pid {held}) of a "
+                     "killed runner to exit")  # fmt: skip
+            held = _wait_free(found, ORPHAN_WAIT_S)
         if held is not None:
             self.say(
                 f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: a worker (pid {held}) "
@@ -268,6 +274,16 @@ class Runner:
         if done == len(plan):
             self.say(f"  report: python -m lightning_modules.study {self.protocol.path} --report")
         return 1 if self.failed else 0
+
+
+def _wait_free(found: Found, seconds: float) -> int | None:
+    """The lock's holder once it is free (None) or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    held = _holder(found)
+    while held is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        held = _holder(found)
+    return held
 
 
 def _holder(found: Found) -> int | None:

@@ -162,9 +162,15 @@ def test_rows_past_the_deadline_are_skipped_without_a_child(
 
 
 def test_recompiles_and_the_limit_are_read_from_dynamo(
-    monkeypatch: pytest.MonkeyPatch, bench: ModuleType
+    bench: ModuleType,
 ) -> None:
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    # config.patch, not monkeypatch: monkeypatch's undo hides the option in torch's config module for every
+    # later test in the process ("recompile_limit does not exist").
+    with torch._dynamo.config.patch(recompile_limit=2):
+        _count_recompiles_up_to_the_limit(bench)
+
+
+def _count_recompiles_up_to_the_limit(bench: ModuleType) -> None:
     torch.compiler.reset()
     bench.dynamo_utils.clear_compilation_metrics()
 

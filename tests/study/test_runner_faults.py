@@ -159,6 +159,56 @@ def test_the_runner_leaves_a_run_alone_while_another_worker_holds_it(
     assert store.client.get_run(run.info.run_id).data.tags[CLAIM] == store.me  # not even claimed
 
 
+def _lock_holder(folder: Path, runner_pid: int, seconds: float) -> subprocess.Popen[str]:
+    """A stand-in worker started for `runner_pid`: it holds the run's lock for `seconds` once it prints."""
+    code = (
+        "import sys, time; from pathlib import Path; from lightning_modules.study import lock; "
+        f"held = lock.hold(Path({str(folder)!r}), 'abc'); print('held', flush=True); time.sleep({seconds})"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, "--runner-pid", str(runner_pid)], env=env,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_worker_whose_runner_is_gone_is_orphaned_and_one_of_a_live_runner_is_not(tmp_path: Path) -> None:
+    alive = _lock_holder(tmp_path / "a", os.getpid(), 30)  # this process started it: its runner lives
+    orphan = _lock_holder(tmp_path / "b", dead_pid(), 30)  # its runner is gone: it is on its way out
+    try:
+        assert not lock.orphaned(alive.pid) and lock.orphaned(orphan.pid)
+        assert not lock.orphaned(os.getpid())  # not a worker at all
+        assert not lock.orphaned(dead_pid())  # no such process
+    finally:
+        for proc in (alive, orphan):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_trains_the_run(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = one_run_protocol(tmp_path, tiny_shards)
+    spec = protocols.load(path).runs[0]
+    store = Store(mlflow_uri, "micro", settle_s=0)
+    run = store.claim(spec, store.classify(store.runs_of(spec.identity)))
+    assert run is not None
+    folder = tmp_path / "orphan"
+    store.client.set_tag(run.info.run_id, CHECKPOINT_DIR, str(folder))
+    store.release(run.info.run_id)
+    orphan = _lock_holder(folder, dead_pid(), 3)  # a killed runner's worker, still going for 3 s
+    try:
+        assert study_main([str(path), "--settle-s", "0"]) == 0
+    finally:
+        orphan.kill()
+        orphan.wait()
+    out = capsys.readouterr().out
+    assert f"waiting for the worker (pid {orphan.pid}) of a killed runner to exit" in out, out
+    assert "[start 1/1]" in out and "still trains it" not in out, out
+    assert "test/loss" in store.client.get_run(run.info.run_id).data.metrics
+
+
 # ----- the must-show fault: SIGKILL the runner, not its worker ---------------------------------------------
 class _Workers:
     """Every study worker process on this machine, by run id, sampled until stopped: the most at once."""
