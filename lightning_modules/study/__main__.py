@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ledger", type=Path, default=None,
         help="the committed results ledger whose done runs count as done (default: results/<protocol>)",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-runs", type=_count, default=None,
+        help="start at most N of the runs not done, in protocol order (what fits before this machine goes: "
+        "only finished runs reach the committed ledger)",
+    )  # fmt: skip
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
     parser.add_argument("--settle-s", type=_seconds, default=2.0, help="wait after claiming (store.py)")
     parser.add_argument(
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         from lightning_modules.study.runner import Runner  # only once the store answered
 
         command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-        runner = Runner(protocol, store, args.workers, args.checkpoints, command, args.ledger)
+        runner = Runner(protocol, store, args.workers, args.checkpoints, command, args.ledger, args.max_runs)
         if args.plan:
             plan = runner.survey()
             print(runner.describe(plan))

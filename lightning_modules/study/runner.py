@@ -76,9 +76,13 @@ class Runner:
         checkpoints: Path = Path("checkpoints"),
         command: str = "",
         ledger: Path | None = None,
+        max_runs: int | None = None,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"--workers {workers}: must be >= 1 (runs trained at once)")
+        if max_runs is not None and max_runs < 1:
+            raise ConfigError(f"--max-runs {max_runs}: must be >= 1 (runs started this time)")
+        self.max_runs = max_runs
         self.protocol, self.store, self.workers = protocol, store, workers
         self.checkpoints = checkpoints.resolve() / "study" / protocol.name
         self.threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
@@ -125,6 +129,11 @@ class Runner:
         self.say(self.describe(plan))
         todo = [(s, f) for s, f in plan if f.state in ("missing", "free")]
         total, done_before = len(plan), sum(f.state in ("done", "ledger") for _, f in plan)
+        if self.max_runs is not None and len(todo) > self.max_runs:
+            later = todo[self.max_runs :]
+            todo = todo[: self.max_runs]
+            self.say(f"  --max-runs {self.max_runs}: {len(later)} left for a later run, from "
+                     f"{later[0][0].size} {later[0][0].label} seed {later[0][0].seed}")  # fmt: skip
         if not todo:
             self.say("  nothing to run" + ("" if done_before < total else ": every run is done"))
             return 0

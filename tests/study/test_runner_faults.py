@@ -72,6 +72,7 @@ def test_bad_protocols_and_options_end_in_one_line_before_any_claim(
         ("--stale-after-s -5", [*STUDY, p, "--stale-after-s", "-5"], {}, ["--stale-after-s", ">= 0"]),
         ("--stale-after-s 10", [*STUDY, p, "--stale-after-s", "10"], {}, ["--stale-after-s", ">= 60"]),
         ("--workers 0", [*STUDY, p, "--workers", "0"], {}, ["--workers", "0", ">= 1"]),
+        ("--max-runs 0", [*STUDY, p, "--max-runs", "0"], {}, ["--max-runs", "0", ">= 1"]),
     ]
     assert_each_ends_in_one_line(cases, tmp_path)
     # Nothing was claimed: the store holds no run of the protocol (not even its experiment).
@@ -207,6 +208,22 @@ def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_trains_the_run(
     assert f"waiting for the worker (pid {orphan.pid}) of a killed runner to exit" in out, out
     assert "[start 1/1]" in out and "still trains it" not in out, out
     assert "test/loss" in store.client.get_run(run.info.run_id).data.metrics
+
+
+@pytest.mark.slow
+def test_max_runs_starts_only_that_many_and_a_later_run_takes_the_rest(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = micro_protocol(tmp_path, tiny_shards, arms="[{kind: mha}]")  # seeds 1 and 2: two runs
+    args = [str(path), "--settle-s", "0"]
+    assert study_main([*args, "--max-runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--max-runs 1: 1 left for a later run, from nano mha seed 2" in out, out
+    assert "[start 1/2] nano mha seed 1" in out and "seed 2 (" not in out, out
+    assert "study micro: 1/2 runs done" in out, out
+    assert study_main(args) == 0  # the rest, as the next machine would
+    out = capsys.readouterr().out
+    assert "[start 2/2] nano mha seed 2" in out and "study micro: 2/2 runs done" in out, out
 
 
 # ----- the must-show fault: SIGKILL the runner, not its worker ---------------------------------------------
