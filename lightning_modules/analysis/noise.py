@@ -91,6 +91,17 @@ def plot_noise(table: pd.DataFrame, arm: str, baseline: str, target: float) -> F
     a target needs is how long the main study's runs should be."""
     fig = Figure(figsize=(7.0, 4.2))
     ax = fig.add_subplot()
+    if not (table["sd_diff"] > 0).any():  # fewer than 2 seeds paired so far: no sd to draw
+        ax.text(
+            0.5,
+            0.5,
+            "no sd yet: it needs 2 seeds of each arm",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
+        ax.set_axis_off()
+        return fig
     ax.plot(table["tokens"], table["sd_diff"], "o-", color="tab:red", label=f"{arm} - {baseline}, paired")
     ax.plot(table["tokens"], table[f"sd_{arm}"], ".--", color="tab:blue", label=f"{arm} alone")
     ax.plot(table["tokens"], table[f"sd_{baseline}"], ".--", color="tab:grey", label=f"{baseline} alone")

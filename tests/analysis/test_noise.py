@@ -69,6 +69,11 @@ def test_the_command_writes_its_files_and_bad_input_is_one_line(
     assert noise_main([str(ledger), "--arm", "lrkv-r16"]) == 0
     assert "| 200 | 3 | +0.0300 | 0.0200 | 0.0497 | 10 |" in capsys.readouterr().out
     assert {p.name for p in ledger.iterdir()} >= {"noise.csv", "noise.png"}
+    one_seed = tmp_path / "one-seed"  # a partial ledger: no sd yet, the table and figure say so
+    one_seed.mkdir()
+    evaluations().query("seed == 1").to_csv(one_seed / "evaluations.csv", index=False)
+    assert noise_main([str(one_seed), "--arm", "lrkv-r16"]) == 0
+    assert "| 200 | 1 | +0.0100 | nan |" in capsys.readouterr().out and (one_seed / "noise.png").is_file()
     assert noise_main([str(tmp_path / "none"), "--arm", "lrkv-r16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "evaluations.csv" in err[0] and "--report" in err[0]
