@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,17 +143,23 @@ def test_a_second_worker_on_a_locked_run_trains_nothing(tmp_path: Path, mlflow_u
     assert lock.holder(folder) is None  # the lock ends with its holder
 
 
-def test_the_runner_leaves_a_run_alone_while_another_worker_holds_it(
-    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = one_run_protocol(tmp_path, tiny_shards)
+def _released_run(tmp_path: Path, shards: Path, mlflow_uri: str) -> tuple[Path, Store, Any, Path]:
+    """The one-run protocol's run, claimed, given a checkpoint folder ("orphan") and released again."""
+    path = one_run_protocol(tmp_path, shards)
     spec = protocols.load(path).runs[0]
     store = Store(mlflow_uri, "micro", settle_s=0)
     run = store.claim(spec, store.classify(store.runs_of(spec.identity)))
     assert run is not None
     folder = tmp_path / "orphan"
     store.client.set_tag(run.info.run_id, CHECKPOINT_DIR, str(folder))
-    store.release(run.info.run_id)  # its claim is gone ...
+    store.release(run.info.run_id)
+    return path, store, run, folder
+
+
+def test_the_runner_leaves_a_run_alone_while_another_worker_holds_it(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, store, run, folder = _released_run(tmp_path, tiny_shards, mlflow_uri)  # its claim is gone ...
     with lock.hold(folder, run.info.run_id):  # ... but a worker still trains it (an orphan)
         assert study_main([str(path), "--settle-s", "0"]) == 0
     out = capsys.readouterr().out
@@ -190,14 +197,7 @@ def test_a_worker_whose_runner_is_gone_is_orphaned_and_one_of_a_live_runner_is_n
 def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_trains_the_run(
     tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = one_run_protocol(tmp_path, tiny_shards)
-    spec = protocols.load(path).runs[0]
-    store = Store(mlflow_uri, "micro", settle_s=0)
-    run = store.claim(spec, store.classify(store.runs_of(spec.identity)))
-    assert run is not None
-    folder = tmp_path / "orphan"
-    store.client.set_tag(run.info.run_id, CHECKPOINT_DIR, str(folder))
-    store.release(run.info.run_id)
+    path, store, run, folder = _released_run(tmp_path, tiny_shards, mlflow_uri)
     orphan = _lock_holder(folder, dead_pid(), 3)  # a killed runner's worker, still going for 3 s
     try:
         assert study_main([str(path), "--settle-s", "0"]) == 0
