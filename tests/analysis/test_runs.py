@@ -39,6 +39,8 @@ def test_columns_and_dtypes(runs: pd.DataFrame) -> None:
         assert runs[knob].dtype == "Int64", knob
     for column in ("tokens", "flops", "loss", "ppl", "bpb", "kv_cache_bytes_per_token", "knob_residual_init"):
         assert runs[column].dtype == "float64", column
+    for column in ("knob_lrkv_path", "knob_latent_init"):
+        assert pd.api.types.is_string_dtype(runs[column]), column
 
 
 def test_one_row_per_evaluation(runs: pd.DataFrame) -> None:

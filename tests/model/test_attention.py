@@ -209,6 +209,39 @@ def test_mla_matches_reference() -> None:
     torch.testing.assert_close(module(x, rope_for(module)), expected, atol=1e-5, rtol=1e-5)
 
 
+def _mla_key_value_std(latent: int, latent_init: str) -> float:
+    """The std of mla's per-head keys and values at init, at the 5m shape (d_model 256), on a normal input."""
+    from lightning_modules.model.config import ModelConfig
+
+    m = ModelConfig(name="p", vocab_size=64, seq_len=8, n_layer=1, n_head=4, d_model=256, head_dim=64)
+    knobs = resolve(m, attn("mla", kv_latent_dim=latent, rope_head_dim=32, latent_init=latent_init)).knobs
+    torch.manual_seed(0)
+    module = MultiHeadLatentAttention(m, knobs)
+    module.init_weights(0.02, 0.02)
+    x = torch.randn(64, 8, 256)
+    _, c, _ = module.in_proj(x).split([module.in_proj.out_features - latent - 32, latent, 32], dim=-1)
+    return module.kv_up(module.kv_norm(c)).std().item()
+
+
+@pytest.mark.parametrize("latent", [128, 224])
+def test_mla_latent_init_sets_the_key_and_value_scale(latent: int) -> None:
+    """docs/attentions.md "mla": fixed init gives keys and values std 0.02 sqrt(d_c), growing with the latent;
+    fan_in gives 0.02 sqrt(d_model) whatever d_c."""
+    fixed, fan_in = _mla_key_value_std(latent, "fixed"), _mla_key_value_std(latent, "fan_in")
+    assert fixed == pytest.approx(0.02 * math.sqrt(latent), rel=0.05)
+    assert fan_in == pytest.approx(0.02 * math.sqrt(256), rel=0.05)
+
+
+def test_mla_default_init_is_the_fixed_one_bit_for_bit() -> None:
+    """Adding the knob changed no earlier run: the default draws the same weights as latent_init=fixed."""
+    default, fixed = build("mla", seed=3), build("mla", seed=3, latent_init="fixed")
+    for (name, a), (_, b) in zip(default.state_dict().items(), fixed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    fan_in = build("mla", seed=3, latent_init="fan_in")
+    assert not torch.equal(fan_in.blocks[0].attn.kv_up.weight, fixed.blocks[0].attn.kv_up.weight)
+    assert torch.equal(fan_in.blocks[0].attn.in_proj.weight, fixed.blocks[0].attn.in_proj.weight)
+
+
 def test_mla_with_query_compression_runs_and_counts() -> None:
     net = build("mla", q_latent_dim=24)
     assert net(torch.randint(0, 128, (1, 8))).shape == (1, 8, 128)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,9 @@ class LatentKnobs:
     kv_latent_dim: int = knob("compressed KV width d_c", minimum=1)
     rope_head_dim: int = knob("decoupled RoPE key width d_R (even)", minimum=1)
     q_latent_dim: int = knob("query compression width (0: no query compression)", minimum=0)
+    latent_init: Literal["fixed", "fan_in"] = knob(
+        "init of the up-projections from a latent: std 0.02 (fixed), or 0.02 sqrt(d_model / latent width)"
+    )
 
 
 class MultiHeadLatentAttention(Attention):
@@ -41,7 +45,12 @@ class MultiHeadLatentAttention(Attention):
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
         # DeepSeek-V2's ratios: d_c = 4 d_h (512 at d_h = 128), d_R = d_h / 2 (64); no query compression.
-        return {"kv_latent_dim": 4 * model.head_dim, "rope_head_dim": model.head_dim // 2, "q_latent_dim": 0}
+        return {
+            "kv_latent_dim": 4 * model.head_dim,
+            "rope_head_dim": model.head_dim // 2,
+            "q_latent_dim": 0,
+            "latent_init": "fixed",
+        }
 
     @classmethod
     def validate(cls, model: ModelConfig, knobs: LatentKnobs) -> None:
@@ -56,6 +65,7 @@ class MultiHeadLatentAttention(Attention):
         d, H, dh = model.d_model, model.n_head, model.head_dim
         self.n_head, self.head_dim = H, dh
         self.d_c, self.d_r, self.d_cq = knobs.kv_latent_dim, knobs.rope_head_dim, knobs.q_latent_dim
+        self.d_model, self.latent_init = d, knobs.latent_init
         q_width = H * (dh + self.d_r)
         # Rows: [queries, or the query latent when compressed | c before its norm (d_c) | k^R before RoPE (d_R)]
         self.in_proj = nn.Linear(d, (self.d_cq or q_width) + self.d_c + self.d_r, bias=False)
@@ -67,8 +77,14 @@ class MultiHeadLatentAttention(Attention):
         self.out = nn.Linear(H * dh, d, bias=False)
 
     def init_weights(self, std: float, out_std: float) -> None:
-        for linear in (self.in_proj, self.kv_up) + ((self.q_up,) if self.d_cq else ()):
-            nn.init.normal_(linear.weight, std=std)
+        nn.init.normal_(self.in_proj.weight, std=std)
+        for up in (self.kv_up,) + ((self.q_up,) if self.d_cq else ()):
+            # An up-projection reads an RMS-normalised latent, so its outputs start with std = std_w sqrt(width):
+            # with a fixed std_w they grow with the latent width. fan_in scales std_w so that keys, values and
+            # queries start at the scale a projection of the d_model-wide normalised residual gives them,
+            # whatever the width (docs/attentions.md, "mla").
+            scale = math.sqrt(self.d_model / up.in_features) if self.latent_init == "fan_in" else 1.0
+            nn.init.normal_(up.weight, std=std * scale)
         nn.init.normal_(self.out.weight, std=out_std)
         for norm in (self.kv_norm,) + ((self.q_norm,) if self.d_cq else ()):
             nn.init.ones_(norm.weight)
