@@ -9,7 +9,8 @@ evaluation of those runs in evaluations.csv. So
 - the report merges the ledger's runs with the store's: results/ keeps every run done anywhere, and says how
   many of the protocol's runs that is.
 Only identities of the protocol as it is now count: a run of an edited protocol (another budget, other data)
-has another identity and stays out, as it does in the store.
+has another identity and stays out, as it does in the store; one edited in what the identity leaves out (a
+rate, a validation setting) is refused by the runner from each run's recorded `settings` (settings.py).
 
 This module reads the identities with the csv module only: the runner needs them before any run starts and
 should not pay for pandas; report.py reads the tables themselves.
@@ -27,6 +28,7 @@ from lightning_modules.study.protocol import ROOT
 RUNS = "runs.csv"
 EVALUATIONS = "evaluations.csv"
 IDENTITY = "identity"
+SETTINGS = "settings"  # the run's recorded settings (settings.py)
 DONE_COLUMN = "test_loss"  # a run with a finite final test loss finished: fit, last validation and test
 
 
@@ -36,9 +38,15 @@ def default_folder(protocol_name: str) -> Path:
 
 def done_identities(folder: Path) -> set[str]:
     """The identities of the runs the ledger in `folder` records as done (none when it has no runs.csv)."""
+    return set(done_settings(folder))
+
+
+def done_settings(folder: Path) -> dict[str, str]:
+    """identity -> recorded settings (settings.py; "" where the run predates the record) of every run the
+    ledger in `folder` records as done."""
     path = folder / RUNS
     if not path.is_file():
-        return set()
+        return {}
     try:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
@@ -53,7 +61,9 @@ def done_identities(folder: Path) -> set[str]:
             "protocol; rewrite it with `python -m lightning_modules.study <protocol> --report` from a store that "
             "holds its runs, or pass --ledger to another folder"
         )
-    return {row[IDENTITY] for row in rows if row[IDENTITY] and _finite(row[DONE_COLUMN])}
+    return {
+        row[IDENTITY]: row.get(SETTINGS) or "" for row in rows if row[IDENTITY] and _finite(row[DONE_COLUMN])
+    }
 
 
 def _finite(text: str | None) -> bool:

@@ -73,11 +73,23 @@ class RunSpec:
         text = json.dumps(self.identity_fields(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    @property
+    def settings(self) -> str:
+        """What the protocol sets beyond the identity (the knobs it names, its `fit` settings), as canonical
+        JSON. Not part of the identity, so that adding an option changes no earlier run; recorded with each
+        run instead (tag and ledger column `settings`), so that a protocol edited after its runs is caught
+        (settings.py) rather than silently counting runs trained another way as done."""
+        knobs = {k: _cli_value(v) for k, v in self.explicit.items()}
+        fit = {k: _cli_value(v) for k, v in self.fit.items()}
+        return json.dumps({"fit": fit, "knobs": knobs}, sort_keys=True, separators=(",", ":"))
+
     def tags(self) -> dict[str, str]:
-        """The training module's tags (size, attention, knobs, seed, budget, commit) and the identity."""
+        """The training module's tags (size, attention, knobs, seed, budget, commit), the identity and the
+        settings."""
         tags = runs.run_tags(self.model, self.attention, self.seed, self.budget.describe())
         tags.update({TAG + k: v for k, v in self.identity_fields().items()})
         tags[TAG + "identity"] = self.identity
+        tags[TAG + "settings"] = self.settings
         return tags
 
     def cli_args(self) -> list[str]:

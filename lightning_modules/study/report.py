@@ -232,6 +232,7 @@ def _with_store(table: pd.DataFrame, store: Store) -> pd.DataFrame:
     table["resumed_from_step"] = [
         infos[i].data.tags.get(TAG + "resumed_from_step", "") for i in table["run_id"]
     ]
+    table["settings"] = [infos[i].data.tags.get(TAG + "settings", "") for i in table["run_id"]]
     return table
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger as ledgers
-from lightning_modules.study import lock
+from lightning_modules.study import lock, settings
 from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 
@@ -90,15 +90,27 @@ class Runner:
         self.durations: list[float] = []
         self.failed: list[tuple[RunSpec, Path]] = []
         self.ledger = ledger if ledger is not None else ledgers.default_folder(protocol.name)
-        self.in_ledger = ledgers.done_identities(self.ledger)
+        self.in_ledger = ledgers.done_settings(self.ledger)
 
     def say(self, text: str) -> None:
         print(text, flush=True)
 
     # ----- the plan ----------------------------------------------------------------------------------
     def survey(self) -> list[tuple[RunSpec, Found]]:
+        """Every run of the protocol with its state; ConfigError when a done run was trained with other
+        settings than the protocol gives now (settings.py)."""
         by_identity = self.store.protocol_runs(self.protocol.name)
-        return [(s, self._classify(s, by_identity.get(s.identity, []))) for s in self.protocol.runs]
+        plan = [(s, self._classify(s, by_identity.get(s.identity, []))) for s in self.protocol.runs]
+        settings.check(
+            self.protocol, [(s, self._recorded(s, f)) for s, f in plan if f.state in ("done", "ledger")]
+        )
+        return plan
+
+    def _recorded(self, spec: RunSpec, found: Found) -> str:
+        """The settings recorded with a done run: its tag in the store, else its ledger row."""
+        if found.state == "done" and found.run is not None:
+            return found.run.data.tags.get(TAG + "settings", "")
+        return self.in_ledger.get(spec.identity, "")
 
     def _classify(self, spec: RunSpec, runs: list) -> Found:
         """The store's state of a run, except that a run the committed ledger records as done is done (on

@@ -65,6 +65,16 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     assert study_main(args) == 0
     assert _starts(capsys.readouterr().out) == []
 
+    # The protocol edited after its runs (another validation setting, same identities): refused in one line
+    # naming the runs and the change, before anything trains; put back, it is accepted again.
+    text = path.read_text()
+    path.write_text(text.replace("trainer.limit_val_batches: 2", "trainer.limit_val_batches: 3"))
+    assert study_main(args) == 2
+    refused = capsys.readouterr().err.strip().splitlines()
+    assert len(refused) == 1 and "2 done run(s) were trained with other settings" in refused[0]
+    assert "fit trainer.limit_val_batches 2 -> 3" in refused[0]
+    path.write_text(text)
+
     # A ledger that lost seed 2's row: only seed 2 trains, and the report holds both runs again.
     written[written["seed"] == 1].to_csv(book / "runs.csv", index=False)
     assert study_main(args) == 0
