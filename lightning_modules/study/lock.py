@@ -88,6 +88,21 @@ def orphaned(pid: int) -> bool:
     return parent != runner
 
 
+def exiting(pid: int) -> bool:
+    """Whether the process `pid` that wrote a held lock is gone or on its way out (Linux: /proc): no such
+    process, a zombie, or no command line left (the kernel frees a dying process's memory before its files,
+    so for a moment its lock outlives its command line). Its lock is about to be released."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return not argv or (bool(fields) and fields[0] in ("Z", "X", "x"))
+
+
 class RunnerGoneError(UserError):
     """The runner that started this worker is no longer its parent."""
 

@@ -193,9 +193,10 @@ class Runner:
             self.say(f"[skip  {number}/{total}] {spec.size} {spec.label} seed {spec.seed}: {what}")
             return None
         # A worker of this machine may still hold the run though its claim went stale (an orphan of a runner
-        # killed where workers cannot follow it): leave it be, without claiming. The worker checks again.
+        # killed where workers cannot follow it): leave it be, without claiming. The worker checks again. One
+        # whose runner is gone, or that is itself exiting, lets go within seconds: wait for it.
         held = _holder(found)
-        if held and lock.orphaned(held):
+        if held and (lock.orphaned(held) or lock.exiting(held)):
             self.say(f"  {spec.size} {spec.label} seed {spec.seed}: waiting for the worker (pid {held}) of a "
                      "killed runner to exit")  # fmt: skip
             held = _wait_free(found, ORPHAN_WAIT_S)

@@ -187,10 +187,23 @@ def test_a_worker_whose_runner_is_gone_is_orphaned_and_one_of_a_live_runner_is_n
         assert not lock.orphaned(alive.pid) and lock.orphaned(orphan.pid)
         assert not lock.orphaned(os.getpid())  # not a worker at all
         assert not lock.orphaned(dead_pid())  # no such process
+        assert lock.exiting(dead_pid()) and not lock.exiting(alive.pid) and not lock.exiting(os.getpid())
     finally:
         for proc in (alive, orphan):
             proc.kill()
             proc.wait()
+
+
+def test_a_zombie_lock_holder_counts_as_exiting() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while not lock.exiting(proc.pid):  # exited, not yet reaped: a zombie
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.05)
+        assert Path(f"/proc/{proc.pid}").exists()
+    finally:
+        proc.wait()
 
 
 @pytest.mark.slow
