@@ -65,7 +65,7 @@ class MultiHeadLatentAttention(Attention):
         d, H, dh = model.d_model, model.n_head, model.head_dim
         self.n_head, self.head_dim = H, dh
         self.d_c, self.d_r, self.d_cq = knobs.kv_latent_dim, knobs.rope_head_dim, knobs.q_latent_dim
-        self.d_model, self.latent_init = d, knobs.latent_init
+        self.latent_init = knobs.latent_init
         q_width = H * (dh + self.d_r)
         # Rows: [queries, or the query latent when compressed | c before its norm (d_c) | k^R before RoPE (d_R)]
         self.in_proj = nn.Linear(d, (self.d_cq or q_width) + self.d_c + self.d_r, bias=False)
@@ -83,7 +83,7 @@ class MultiHeadLatentAttention(Attention):
             # with a fixed std_w they grow with the latent width. fan_in scales std_w so that keys, values and
             # queries start at the scale a projection of the d_model-wide normalised residual gives them,
             # whatever the width (docs/attentions.md, "mla").
-            scale = math.sqrt(self.d_model / up.in_features) if self.latent_init == "fan_in" else 1.0
+            scale = math.sqrt(self.in_proj.in_features / up.in_features) if self.latent_init == "fan_in" else 1.0
             nn.init.normal_(up.weight, std=std * scale)
         nn.init.normal_(self.out.weight, std=out_std)
         for norm in (self.kv_norm,) + ((self.q_norm,) if self.d_cq else ()):
