@@ -83,7 +83,9 @@ class MultiHeadLatentAttention(Attention):
             # with a fixed std_w they grow with the latent width. fan_in scales std_w so that keys, values and
             # queries start at the scale a projection of the d_model-wide normalised residual gives them,
             # whatever the width (docs/attentions.md, "mla").
-            scale = math.sqrt(self.in_proj.in_features / up.in_features) if self.latent_init == "fan_in" else 1.0
+            scale = (
+                math.sqrt(self.in_proj.in_features / up.in_features) if self.latent_init == "fan_in" else 1.0
+            )
             nn.init.normal_(up.weight, std=std * scale)
         nn.init.normal_(self.out.weight, std=out_std)
         for norm in (self.kv_norm,) + ((self.q_norm,) if self.d_cq else ()):
