@@ -14,8 +14,13 @@ CPU twin), and RSS moves with glibc's arenas, the Python heap and lazily freed p
 small models' whole footprint. torch.profiler with profile_memory=True records every allocation and free
 of the CPU allocator, storage resizes included (FSDP2 frees and regathers weights that way), with
 timestamps; summing them from before the model exists gives the bytes of live tensors at every moment,
-deterministically: the same program gives the same figure. It counts tensor memory only, which is what
-the plan predicts (a GPU run adds its CUDA context; see the plan's docstring).
+deterministically in one process: the same program gives the same figure. It counts tensor memory only,
+which is what the plan predicts (a GPU run adds its CUDA context; see the plan's docstring).
+
+Under FSDP the figure is not deterministic. Whether a whole block's gathered buffer is freed before or after
+the moment of the peak depends on when gloo's background threads finish a collective, so a rank's peak moves
+by whole blocks from run to run (BENCHMARKS.md, "Memory plan against measured peak", has the spread). The row
+reports the fullest rank, because a job stops when its fullest rank runs out of memory.
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ def configs(args: argparse.Namespace) -> tuple[Any, Any, memory.Setup]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Peak bytes of live tensors in this process over a step (module docstring)."""
+    """Peak bytes of live tensors over a step: this process's, or the fullest rank's under FSDP (module
+    docstring)."""
     model, attention, setup = configs(args)
     mesh = None
     if setup.sharded:
@@ -77,15 +83,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (setup.world,))
     peak = profiled_peak(model, attention, setup, mesh)
-    row = result_row(model, attention, setup, peak)
-    if mesh is not None:
-        import torch.distributed as dist  # late: as above
+    if mesh is None:
+        return result_row(model, attention, setup, peak)
+    import torch.distributed as dist  # late: as above
 
-        gathered: list[Any] = [None] * setup.world
-        dist.all_gather_object(gathered, peak)
-        row["measured_peak_per_rank"] = gathered
-        dist.barrier()
-        dist.destroy_process_group()
+    gathered: list[Any] = [None] * setup.world
+    dist.all_gather_object(gathered, peak)
+    row = result_row(model, attention, setup, max(gathered))
+    row["measured_peak_per_rank"] = gathered
+    dist.barrier()
+    dist.destroy_process_group()
     return row
 
 
