@@ -25,6 +25,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _hours(text: str) -> float:
+    """A window in hours: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of hours > 0")
+    return value
+
+
 def _count(text: str) -> int:
     """A number of runs at once: an integer >= 1."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -59,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         help="start at most N of the runs not done, in protocol order (what fits before this machine goes: "
         "only finished runs reach the committed ledger)",
     )  # fmt: skip
+    parser.add_argument(
+        "--hours", type=_hours, default=None,
+        help="start a run only if the runs done on machines like this one say it ends within H hours of now "
+        "(an untimed run starts, with a warning); the rest are left for a later run",
+    )  # fmt: skip
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint root")
     parser.add_argument("--settle-s", type=_seconds, default=2.0, help="wait after claiming (store.py)")
     parser.add_argument(
@@ -84,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         from lightning_modules.study.runner import Runner  # only once the store answered
 
         command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-        runner = Runner(protocol, store, args.workers, args.checkpoints, command, args.ledger, args.max_runs)
+        runner = Runner(
+            protocol, store, args.workers, args.checkpoints, command, args.ledger, args.max_runs, args.hours
+        )
         if args.plan:
             plan = runner.survey()
             print(runner.describe(plan))

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger as ledgers
-from lightning_modules.study import lock, settings
+from lightning_modules.study import lock, settings, timing
 from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 
@@ -77,12 +78,15 @@ class Runner:
         command: str = "",
         ledger: Path | None = None,
         max_runs: int | None = None,
+        hours: float | None = None,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"--workers {workers}: must be >= 1 (runs trained at once)")
         if max_runs is not None and max_runs < 1:
             raise ConfigError(f"--max-runs {max_runs}: must be >= 1 (runs started this time)")
-        self.max_runs = max_runs
+        if hours is not None and not (0 < hours < float("inf")):
+            raise ConfigError(f"--hours {hours}: must be a number of hours > 0 (how long this machine stays)")
+        self.max_runs, self.hours = max_runs, hours
         self.protocol, self.store, self.workers = protocol, store, workers
         self.checkpoints = checkpoints.resolve() / "study" / protocol.name
         self.threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
@@ -91,6 +95,10 @@ class Runner:
         self.failed: list[tuple[RunSpec, Path]] = []
         self.ledger = ledger if ledger is not None else ledgers.default_folder(protocol.name)
         self.in_ledger = ledgers.done_settings(self.ledger)
+        # --hours: runs end by this time (set when run() starts), timed by the done runs of machines like this one.
+        self.deadline: float | None = None
+        self.here = timing.Machine(machine(), precision.detect().capability, workers)
+        self.timed: list[timing.Done] = []
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -155,9 +163,15 @@ class Runner:
         active: list[Active] = []
         finished = 0
         queue = list(todo)
+        if self.hours is not None:
+            self.deadline = time.time() + self.hours * 3600
+            self.timed = timing.from_ledger(self.ledger)
         try:
             while queue or active:
                 while queue and len(active) < self.workers:
+                    if not self._fits(queue[0][0], len(queue)):
+                        queue.clear()
+                        break
                     spec, _ = queue.pop(0)
                     started = self._start(spec, done_before + finished + len(active) + 1, total)
                     if started is not None:
@@ -257,6 +271,7 @@ class Runner:
         run = self.store.client.get_run(job.run_id)
         if code == 0 and "test/loss" in run.data.metrics:
             self.durations.append(took)
+            self.timed.append(timing.Done(spec.size, spec.label, self.here, took))
             eta = sum(self.durations) / len(self.durations) * left / self.workers
             ce = run.data.metrics["test/loss"]
             tail = f"{left} left, about {_duration(eta)} to go" if left else "none left"
@@ -267,6 +282,26 @@ class Runner:
         self.say(
             f"[FAIL  {job.number}] {where}: exit code {code} after {_duration(took)}; see {job.log}: {_last_line(job.log)}"
         )
+
+    def _fits(self, spec: RunSpec, left: int) -> bool:
+        """Whether `spec` is expected to end before --hours runs out (timing.py); True without --hours, and
+        True, with a warning, when no run like it has been timed on a machine like this one."""
+        if self.deadline is None:
+            return True
+        where = f"{spec.size} {spec.label} seed {spec.seed}"
+        expected = timing.expect(self.timed, spec.size, spec.label, self.here)
+        if expected is None:
+            self.say(f"  --hours: no {spec.size} run has finished on a machine like this one "
+                     f"({self.here.name}, {self.here.kind}, {self.workers} worker(s)), so {where} is untimed: "
+                     "starting it")  # fmt: skip
+            return True
+        remaining = self.deadline - time.time()
+        if expected.seconds <= remaining:
+            return True
+        self.say(f"  --hours {self.hours:g}: {where} would take about {_duration(expected.seconds)} "
+                 f"({expected.basis}) and {_duration(max(remaining, 0))} are left, so it and the "
+                 f"{left - 1} after it are left for a later run")  # fmt: skip
+        return False
 
     def _stop(self, active: list[Active]) -> None:
         for job in active:

@@ -229,9 +229,11 @@ def test_max_runs_starts_only_that_many_and_a_later_run_takes_the_rest(
 ) -> None:
     path = micro_protocol(tmp_path, tiny_shards, arms="[{kind: mha}]")  # seeds 1 and 2: two runs
     args = [str(path), "--settle-s", "0"]
-    assert study_main([*args, "--max-runs", "1"]) == 0
+    assert study_main([*args, "--max-runs", "1", "--hours", "5"]) == 0
     out = capsys.readouterr().out
     assert "--max-runs 1: 1 left for a later run, from nano mha seed 2" in out, out
+    # Nothing timed on this machine yet (tests/study/test_timing.py has the timed case): it starts, with a word.
+    assert "--hours: no nano run has finished on a machine like this one" in out, out
     assert "[start 1/2] nano mha seed 1" in out and "seed 2 (" not in out, out
     assert "study micro: 1/2 runs done" in out, out
     assert study_main(args) == 0  # the rest, as the next machine would
