@@ -14,24 +14,27 @@ from lightning_modules.tracking import store as tracking
 PROG = "python -m lightning_modules.study"
 
 
-def _seconds(text: str) -> float:
-    """A wait in seconds: a finite number >= 0 (argparse names the option when this raises)."""
+def _number(text: str) -> float:
+    """A finite number, else NaN (which every bound below refuses)."""
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+def _seconds(text: str) -> float:
+    """A wait in seconds: a finite number >= 0 (argparse names the option when this raises)."""
+    value = _number(text)
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds >= 0")
     return value
 
 
 def _hours(text: str) -> float:
     """A window in hours: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
+    value = _number(text)
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{text}: must be a number of hours > 0")
     return value
 

@@ -61,9 +61,12 @@ def done_settings(folder: Path) -> dict[str, str]:
             "protocol; rewrite it with `python -m lightning_modules.study <protocol> --report` from a store that "
             "holds its runs, or pass --ledger to another folder"
         )
-    return {
-        row[IDENTITY]: row.get(SETTINGS) or "" for row in rows if row[IDENTITY] and _finite(row[DONE_COLUMN])
-    }
+    return {row[IDENTITY]: row.get(SETTINGS) or "" for row in rows if row[IDENTITY] and finished(row)}
+
+
+def finished(row: dict[str, str]) -> bool:
+    """Whether a ledger row is a finished run: a finite final test loss (DONE_COLUMN)."""
+    return _finite(row.get(DONE_COLUMN))
 
 
 def _finite(text: str | None) -> bool:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_modules.study.ledger import DONE_COLUMN, RUNS
+from lightning_modules.study.ledger import RUNS, finished
 
 _WORKERS = re.compile(r"--workers[ =](\d+)")
 
@@ -66,7 +66,7 @@ def from_ledger(folder: Path) -> list[Done]:
     done = []
     for row in rows:
         seconds = _number(row.get("duration_s"))
-        if not math.isfinite(_number(row.get(DONE_COLUMN))):  # not finished (ledger.done_settings)
+        if not finished(row):
             continue
         if not (math.isfinite(seconds) and seconds > 0) or (row.get("resumed_from_step") or "").strip():
             continue
