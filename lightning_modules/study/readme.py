@@ -4,7 +4,9 @@ report.write (lightning_modules/study/report.py) computes the tables and hands t
 header (runs, budget, machine, dates, commits, command), the final loss per arm, the paired differences to
 the baseline with the seed noise they resolve, the cache-matched differences, every pair of arms at equal FLOPs
 and at equal tokens (primary family first, then secondary), the pooled arm + seed contrasts, the budget saved
-to each target, the cache frontier and the figures. The front page's block is another text (lightning_modules/study/summary.py).
+to each target, the cache frontier, the figures and every run's provenance
+(lightning_modules/study/runs_section.py). The front page's block is another text
+(lightning_modules/study/summary.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lightning_modules.costs.counts import BASELINE
 from lightning_modules.study import summary
 from lightning_modules.study.formatting import md_table, percent, plain, signed
 from lightning_modules.study.protocol import ROOT, Protocol
+from lightning_modules.study.runs_section import runs_section
 from lightning_modules.study.summary import p_columns, p_value, resolved_header
 
 FILES = ("arms.csv", "vs_mha.csv", "cache_matched.csv", "pairs.csv", "pooled.csv", "tokens_to_target.csv",
@@ -52,6 +55,7 @@ def readme(
     lines += _to_target_sections(to_target)
     lines += _frontier_section(cache)
     lines += _figures_section()
+    lines += runs_section(per_run)
     return "\n".join(lines)
 
 

@@ -16,7 +16,6 @@ it ran: a fresh machine with an empty store trains only the rest.
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -48,15 +47,7 @@ class Active:
 
 def machine() -> str:
     """The CPU model and core count (and the GPU, added by the worker's device tag), for results/."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{precision.cpu_name()}, {os.cpu_count()} cores"
 
 
 def _duration(seconds: float) -> str:

@@ -329,3 +329,5 @@ def test_the_report_of_the_committed_cpu_ledger_writes_pairs_pooled_and_the_fore
     assert {"p", "p_holm", "family"} <= set(vs_mha.columns)
     page = (out / "README.md").read_text()
     assert "2 primary comparison(s) declared by the protocol" in page and "Pooled arm + seed model" in page
+    runs = page[page.index("## Runs (one row per run") :]
+    assert runs.count("| cpu-no-native-bf16 |") == 25  # every ledger run with the CPU kind it ran on
