@@ -9,7 +9,8 @@ setting run under two protocols); arms are matched by label and seed. Per arm, o
 ran: the mean final test CE and its 95 % t-interval in every column, the best column by mean, and each column minus the reference paired by seed,
 with the paired t-test's p and Holm's adjustment over all (arm, column) comparisons (docs/statistics.md).
 The question it answers: does any arm's best setting differ from the common one, beyond seed noise?
-Writes sweep.csv, differences.csv and README.md into --out.
+Along the run, each column minus the reference on the validation curves (lightning_modules/study/sweep_curves.py).
+Writes sweep.csv, differences.csv, curves.csv and README.md into --out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from lightning_modules.core import errors
+from lightning_modules.study.sweep_curves import curve_differences, curves_section
 from lightning_modules.study.sweep_table import Column, page, sweep
 
 PROG = "python -m lightning_modules.study.sweep"
@@ -38,15 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reference", required=True, help="the column the others are compared with")
     parser.add_argument(
-        "--out", type=Path, required=True, help="folder for sweep.csv, differences.csv, README.md"
+        "--out", type=Path, required=True, help="folder for sweep.csv, differences.csv, curves.csv, README.md"
     )
     args = parser.parse_args(argv)
     try:
         table, differences = sweep(args.column, args.reference)
+        curves = curve_differences(args.column, args.reference)
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "sweep.csv", index=False)
         differences.to_csv(args.out / "differences.csv", index=False)
-        (args.out / "README.md").write_text(page(args.column, args.reference, table, differences))
+        curves.to_csv(args.out / "curves.csv", index=False)
+        text = page(args.column, args.reference, table, differences)
+        (args.out / "README.md").write_text(
+            text + "".join(f"{line}\n" for line in curves_section(curves, args.reference))
+        )
     except (errors.UserError, OSError) as e:
         errors.report(e, PROG)
         return 2

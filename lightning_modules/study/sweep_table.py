@@ -13,7 +13,9 @@ import pandas as pd
 from lightning_modules.analysis.multiplicity import holm, paired_t
 from lightning_modules.analysis.stats import mean_ci
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.study.formatting import signed
 from lightning_modules.study.ledger import RUNS
+from lightning_modules.study.summary import p_value
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,10 @@ def page(columns: list[Column], reference: str, table: pd.DataFrame, differences
     lines += ["", f"Each column minus {reference}, paired by seed; Holm over all {len(differences)} comparisons:", "",
               "| arm | column | pairs | diff | p | Holm p | resolved |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, d in differences.iterrows():
+        diff = signed(d["diff_mean"], d["ci_low"], d["ci_high"])  # one pair: no interval, no test
         lines.append(
-            f"| {d['label']} | {d['column']} | {d['n_pairs']} | {d['diff_mean']:+.4f} [{d['ci_low']:+.4f}, "
-            f"{d['ci_high']:+.4f}] | {d['p']:.3f} | {d['p_holm']:.3f} | {'yes' if d['resolved'] else 'no'} |"
+            f"| {d['label']} | {d['column']} | {d['n_pairs']} | {diff} | {p_value(d['p'])} | "
+            f"{p_value(d['p_holm'])} | {'yes' if d['resolved'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 

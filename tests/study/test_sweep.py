@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from lightning_modules.study import sweep, sweep_table
+from lightning_modules.study import sweep, sweep_curves, sweep_table
 
 # mha: 0.5x beats 1x by 0.10, 0.12, 0.11 on seeds 1-3; lrkv: 0.5x is worse by 0.02, 0.00, 0.04
 LOSSES = {
@@ -71,3 +71,57 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert sweep.main([*cols, "--reference", "one", "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "README.md").read_text()
     assert "| mha | 5.5500 [" in text and "| mha | half |" in text
+
+
+def _evaluations(folder: Path, curve: dict[tuple[str, int], list[float]]) -> None:
+    """Validation losses at steps 10, 20, ... (1,000 tokens a step) and a test row that must not count."""
+    rows = [
+        {
+            "label": arm,
+            "seed": seed,
+            "split": "val",
+            "step": 10 * (i + 1),
+            "tokens": 10_000 * (i + 1),
+            "loss": v,
+        }
+        for (arm, seed), losses in curve.items()
+        for i, v in enumerate(losses)
+    ]
+    rows += [{"label": arm, "seed": seed, "split": "test", "step": 99, "tokens": 99_000, "loss": 9.0}
+             for arm, seed in curve]  # fmt: skip
+    pd.DataFrame(rows).to_csv(folder / "evaluations.csv", index=False)
+
+
+def test_the_curves_are_each_column_minus_the_reference_at_the_steps_both_evaluated(tmp_path: Path) -> None:
+    ref = ledger(tmp_path / "ref", {("mha", 1): 5.0, ("mha", 2): 5.1})
+    _evaluations(ref, {("mha", 1): [6.0, 5.5], ("mha", 2): [6.2, 5.6]})
+    other = ledger(tmp_path / "other", {("mha", 1): 5.03})
+    _evaluations(other, {("mha", 1): [6.01, 5.46, 5.2]})  # one seed, and a step the reference lacks
+    cols = [sweep.parse_column(f"ref={ref}"), sweep.parse_column(f"other={other}")]
+    curves = sweep_curves.curve_differences(cols, "ref")
+    assert list(zip(curves["seed"], curves["step"], strict=True)) == [(1, 10), (1, 20)]
+    assert curves["diff"].tolist() == pytest.approx([0.01, -0.04])
+    section = "\n".join(sweep_curves.curves_section(curves, "ref"))
+    assert "| other | 10 | 10,000 | 1 | +0.0100 | 0.0100 | 0.0100 |" in section
+    assert "| other | 20 | 20,000 | 1 | -0.0400 | 0.0400 | 0.0400 |" in section
+
+    out = tmp_path / "out"
+    assert (
+        sweep.main(
+            [f"--column=ref={ref}", f"--column=other={other}", "--reference", "ref", "--out", str(out)]
+        )
+        == 0
+    )
+    page = (out / "README.md").read_text()
+    # one pair: its difference without an interval or a p-value, never "nan"
+    assert "| mha | other | 1 | +0.0300 |  |  | no |" in page and "nan" not in page
+    assert "| other | 20 | 20,000 | 1 | -0.0400 |" in page
+    assert len(pd.read_csv(out / "curves.csv")) == 2
+
+
+def test_ledgers_without_evaluations_give_no_curves(tmp_path: Path) -> None:
+    assert sweep_curves.curve_differences(columns(tmp_path), "one").empty
+    assert (
+        sweep_curves.curves_section(sweep_curves.curve_differences(columns(tmp_path / "b"), "one"), "one")
+        == []
+    )
