@@ -55,20 +55,19 @@ def _column(table: pd.DataFrame, name: str) -> pd.Series:
     """A text column, blank where the table lacks it or a run did not record it."""
     if name not in table:
         return pd.Series("", index=table.index)
-    return table[name].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    return table[name].map(lambda v: "" if pd.isna(v) else str(v))
 
 
 def _count(value: float) -> str:
-    return "" if value is None or math.isnan(value) else f"{value:,.0f}"
+    return "" if pd.isna(value) else f"{value:,.0f}"
 
 
 def _minutes(seconds: float) -> str:
-    return "" if seconds is None or math.isnan(seconds) else f"{seconds / 60:.1f}"
+    return "" if pd.isna(seconds) else f"{seconds / 60:.1f}"
 
 
 def _commit(commit: object) -> str:
-    text = "" if commit is None or (isinstance(commit, float) and math.isnan(commit)) else str(commit)
-    head, dirty, _ = text.partition("-dirty")
+    head, dirty, _ = ("" if pd.isna(commit) else str(commit)).partition("-dirty")
     return head[:SHORT_COMMIT] + ("-dirty" if dirty else "")
 
 

@@ -67,7 +67,7 @@ def curves_section(differences: pd.DataFrame, reference: str) -> list[str]:
             mean=("diff", "mean"),
             mean_abs=("abs_diff", "mean"),
             max_abs=("abs_diff", "max"),
-        )  # fmt: skip
+        )
         .reset_index()
     )
     table = pd.DataFrame(
