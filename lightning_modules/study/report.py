@@ -210,7 +210,9 @@ def per_run_table(
     if not from_ledger:
         return stored
     assert ledger is not None  # from_ledger is empty otherwise
-    kept = ledger.runs[ledger.runs["run_id"].isin(set(table["run_id"]))]
+    # Only the runs the store lacks: a run both hold is already in `stored`, and listing it again would count it
+    # twice (a report on the machine that ran it, after its ledger row was committed).
+    kept = ledger.runs[ledger.runs["run_id"].isin(from_ledger & set(table["run_id"]))]
     order = {run_id: i for i, run_id in enumerate(table["run_id"])}
     merged = pd.concat([stored, kept.reindex(columns=stored.columns.union(kept.columns, sort=False))])
     return merged.sort_values("run_id", key=lambda ids: ids.map(order)).reset_index(drop=True)

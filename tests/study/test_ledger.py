@@ -92,6 +92,11 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     assert set(evaluations["run_id"]) == set(again["run_id"])
     assert (evaluations["split"] == "test").sum() == 2
 
+    # Reported again on the same machine: the ledger now holds seed 2, which this store holds too; it counts once.
+    assert study_main([*args, "--report", "--out", str(book)]) == 0
+    assert "2/2 runs reported" in capsys.readouterr().out
+    assert sorted(pd.read_csv(book / "runs.csv")["run_id"]) == sorted(again["run_id"])
+
     # A report from the ledger alone (no store on this machine) opens none and rewrites the same tables.
     first = (book / "runs.csv").read_text()
     missing = tmp_path / "nowhere" / "mlflow.db"
