@@ -1,8 +1,8 @@
 """The memory plan (lightning_modules/costs/memory.py) against the peak a real training step reaches on this CPU.
 
     python benchmarks/memory_plan.py --size nano --attention lrkv --micro-batch 8 --seq-len 64
-    python -m torch.distributed.run --nproc-per-node 2 benchmarks/memory_plan.py --strategy fsdp ...
-    python benchmarks/memory_plan.py --all          # the rows of BENCHMARKS.md (single and 2 gloo ranks)
+    python benchmarks/memory_plan.py --strategy fsdp --rank 0 ...   # one of 2 FSDP ranks, fake process group
+    python benchmarks/memory_plan.py --all          # the rows of BENCHMARKS.md (single and 2 FSDP ranks)
 
 A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/distributed/parallel.py): forward
 (under bf16 autocast with bf16-mixed), fp32 cross-entropy, backward, gradient clipping at 1.0, the
@@ -17,10 +17,18 @@ timestamps; summing them from before the model exists gives the bytes of live te
 deterministically in one process: the same program gives the same figure. It counts tensor memory only,
 which is what the plan predicts (a GPU run adds its CUDA context; see the plan's docstring).
 
-Under FSDP the figure is not deterministic. Whether a whole block's gathered buffer is freed before or after
-the moment of the peak depends on when gloo's background threads finish a collective, so a rank's peak moves
-by whole blocks from run to run (BENCHMARKS.md, "Memory plan against measured peak", has the spread). The row
-reports the fullest rank, because a job stops when its fullest rank runs out of memory.
+Under FSDP each rank is measured in its own process on torch's fake process group (world size 2, the rank
+given): its collectives return at once in the calling thread and move no data, so FSDP2 and the optimiser
+allocate and free exactly what they do on a real rank, every event lands on the profiled thread, and the
+figure is deterministic. The row reports the fullest rank, because a job stops when its fullest rank runs out
+of memory. What this leaves out is the communication library's own buffers while a collective is in flight
+(gloo copies a reduce-scatter's input; NCCL's buffers live outside torch's allocator).
+
+Why not 2 real gloo ranks (still there: --backend gloo). The profiler records allocator events only on the
+thread that started it, and gloo frees the buffers a collective holds on its worker threads once the work
+completes: those frees are never seen, the buffers stay counted as live, and the count drifts upward from
+step to step by however many frees landed on the worker that time (BENCHMARKS.md, "Memory plan against
+measured peak", has the figures). A gloo row is an overcount by a varying amount, not a peak.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ def configs(args: argparse.Namespace) -> tuple[Any, Any, memory.Setup]:
     )
     overrides = {k: v for k, v in (("seq_len", args.seq_len), ("vocab_size", args.vocab_size)) if v}
     model = dataclasses.replace(model, **overrides)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "2" if args.strategy == "fsdp" else "1"))
     setup = memory.Setup(
         strategy=args.strategy,
         world=world,
@@ -80,18 +88,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         import torch.distributed as dist  # late: only a sharded run starts a process group
         from torch.distributed.device_mesh import init_device_mesh
 
-        dist.init_process_group("gloo")
+        if args.backend == "fake":
+            from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+            dist.init_process_group("fake", store=FakeStore(), rank=args.rank, world_size=setup.world)
+        else:
+            dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (setup.world,))
     peak = profiled_peak(model, attention, setup, mesh)
+    row = result_row(model, attention, setup, peak)
     if mesh is None:
-        return result_row(model, attention, setup, peak)
+        return row
     import torch.distributed as dist  # late: as above
 
-    gathered: list[Any] = [None] * setup.world
-    dist.all_gather_object(gathered, peak)
-    row = result_row(model, attention, setup, max(gathered))
+    gathered: list[Any] = [peak]
+    if args.backend == "gloo":
+        gathered = [None] * setup.world
+        dist.all_gather_object(gathered, peak)
+        row = result_row(model, attention, setup, max(gathered))
+        dist.barrier()
     row["measured_peak_per_rank"] = gathered
-    dist.barrier()
+    row["backend"] = args.backend
     dist.destroy_process_group()
     return row
 
@@ -163,10 +180,16 @@ ALL = [
 
 
 def run_row(argv: list[str]) -> dict[str, Any]:
-    """One measurement in a fresh process (2 ranks under torchrun for fsdp), its JSON row back."""
-    fsdp = "fsdp" in argv
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
-    command = [*(launcher if fsdp else [sys.executable]), __file__, *argv, "--json"]
+    """One measurement in a fresh process, its JSON row back. Under fsdp: one process per rank on the fake
+    process group, and the row of the fullest rank with every rank's peak (module docstring)."""
+    if "fsdp" not in argv:
+        return _one_process([sys.executable, __file__, *argv, "--json"])
+    rows = [_one_process([sys.executable, __file__, *argv, "--rank", str(r), "--json"]) for r in range(2)]
+    fullest = max(rows, key=lambda r: r["measured_peak"])
+    return {**fullest, "measured_peak_per_rank": [r["measured_peak"] for r in rows]}
+
+
+def _one_process(command: list[str]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
@@ -196,9 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=memory.PRECISIONS, default="32-true")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--optimizer", choices=memory.OPTIMIZERS, default="muon")
+    parser.add_argument("--rank", type=int, default=0, help="under fsdp: the rank of 2 this process measures")
+    parser.add_argument(
+        "--backend",
+        choices=["fake", "gloo"],
+        default="fake",
+        help="under fsdp: fake (one rank per process, exact) or gloo (2 real ranks under torchrun; an overcount)",
+    )
     parser.add_argument("--all", action="store_true", help="every row of BENCHMARKS.md, a table")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if not 0 <= args.rank < 2:
+        parser.error(f"--rank {args.rank}: the fsdp rows measure 2 ranks, 0 or 1")
     if args.all:
         print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch", torch.__version__)
         print(
@@ -211,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     row = measure(args)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(row) if args.json else line(row), flush=True)
-    if args.strategy == "fsdp":
+    if args.strategy == "fsdp" and args.backend == "gloo":
         # The row is out. Skip interpreter finalization: gloo's worker threads, torn down with it, now and then
         # abort the rank ("terminate called without an active exception") after destroy_process_group.
         sys.stderr.flush()

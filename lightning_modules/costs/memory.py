@@ -18,16 +18,17 @@ What each term is (bytes per rank):
 - transient (the largest short-lived allocation): the head's backward (two fp32 (B, T, V) tensors: the
   loss gradient and the log-softmax input gradient, while the log-probabilities are still held), a block's
   backward (about 4x its largest saved tensor, plus its recomputed activations under checkpointing, plus
-  under FSDP two fp32 copies of the block's gradients for the reduce-scatter), under
-  FSDP the gathered weights (the root's head and norm stay gathered from forward to backward; two blocks,
-  the one running and the one prefetched, plus one block's all-gather buffer), and the optimiser step (a
+  under FSDP the block's unsharded fp32 gradients and, from the second block's backward on, the previous
+  block's reduce-scatter input), under FSDP the gathered weights (the root's head and norm stay gathered
+  from forward to backward; the running block's weights and the next block's all-gather output, which
+  FSDP2 copies into the parameters when that block starts and then frees), and the optimiser step (a
   Muon matrix gathered whole in fp32 under FSDP, its Newton-Schulz iterates in bf16).
 
 The peak is parameters + optimiser state + the largest of three moments of the step: the start of the
 backward (all activations + the head's backward + gathered weights), the end of the backward (all gradients
 + a block's backward + gathered weights) and the optimiser step (all gradients + its transient). At small
 sizes its CPU plan (device="cpu") is checked against the peak the CPU allocator reaches (benchmarks/memory_plan.py,
-tests/costs/test_memory.py): within 15 %, single process and 2 gloo ranks under FSDP. What it leaves out: the CUDA
+tests/costs/test_memory.py): within 15 %, single process and each of 2 FSDP ranks. What it leaves out: the CUDA
 context and allocator fragmentation (leave ~5-10 % headroom on a GPU), NCCL buffers, the data loader.
 """
 
@@ -249,25 +250,27 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
     head_backward = 2 * B * T * V * FP32
     # A block's backward holds, besides what it saved, about four tensors the size of its largest saved
     # one (the MLP hidden): the incoming gradient, ReLU^2's derivative temporaries, the outgoing gradient
-    # (measured: the peak falls in PowBackward). Under FSDP it also holds the block's unsharded gradients
-    # and the reduce-scatter's input, two fp32 copies of the block.
+    # (measured: the peak falls in PowBackward). Under FSDP it also holds the block's unsharded gradients;
+    # FSDP2 keeps a block's reduce-scatter input until the next block's post-backward waits for it, so
+    # every block's backward but the first also holds the previous block's (benchmarks/memory_plan.py
+    # shows both in the live tensors at the peak).
     block_backward = 4 * act.block_largest + (act.block if setup.activation_checkpointing else 0)
-    if setup.sharded:
-        block_backward += 2 * FP32 * sum(p.numel() for p in net.blocks[0].parameters())
+    block_grads = FP32 * sum(p.numel() for p in net.blocks[0].parameters()) if setup.sharded else 0
+    block_backward += block_grads
     gathered = _gathered_bytes(net, setup)
     step = _step_transient(net, groups, setup)
     transients = {
         "head backward (loss and log-softmax gradients)": head_backward,
         "block backward"
         + (" (recomputed activations)" if setup.activation_checkpointing else ""): block_backward,
-        "FSDP gathered weights (head, 2 blocks, all-gather buffer)": gathered,
+        "FSDP gathered weights (head, running block, next block's all-gather)": gathered,
         "optimiser step (" + ("gathered Muon matrix" if setup.sharded else "Muon matrix") + ")": step,
     }
     kind = max(transients, key=lambda k: transients[k])
     moments = {
         # the head's backward, then the last block's, run while (nearly) every activation is still held
         "backward start": activation_bytes + max(head_backward, block_backward) + gathered,
-        "backward end": gradients + block_backward + gathered,
+        "backward end": gradients + block_backward + block_grads + gathered,  # + the pending reduce-scatter
         "optimiser step": gradients + step,
     }
     peak_at = max(moments, key=lambda k: moments[k])
@@ -294,15 +297,17 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
 
 
 def _gathered_bytes(net: torch.nn.Module, setup: Setup) -> int:
-    """FSDP: the root's weights (final norm, head) gathered from forward to backward, two blocks' weights
-    gathered (running + prefetched) and one block's all-gather buffer, in the compute dtype."""
+    """FSDP: the root's weights (final norm, head) gathered from forward to backward and, in the compute
+    dtype, the running block's gathered weights plus the next block's all-gather output (prefetched; copied
+    into the parameters and freed when that block starts). Without resharding every block stays gathered,
+    with one all-gather output besides."""
     if not setup.sharded:
         return 0
     size = BF16 if setup.precision == "bf16-mixed" else FP32
     block = size * sum(p.numel() for p in net.blocks[0].parameters())
     root = size * (net.head.weight.numel() + net.norm.weight.numel())
-    blocks = block * (len(net.blocks) if not setup.reshard_after_forward else 2)
-    return root + blocks + block
+    blocks = block * (len(net.blocks) + 1 if not setup.reshard_after_forward else 2)
+    return root + blocks
 
 
 def _step_transient(net: torch.nn.Module, groups: list[dict], setup: Setup) -> int:

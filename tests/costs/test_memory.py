@@ -1,6 +1,7 @@
 """The memory plan (lightning_modules/costs/memory.py): its terms follow the built model, its options are checked,
 and its peak is within 15 % of the peak a real step reaches on this CPU (benchmarks/memory_plan.py measures
-it with torch.profiler's allocator events), in one process and on 2 gloo ranks under FSDP."""
+it with torch.profiler's allocator events), in one process and on each of 2 FSDP ranks (torch's fake process
+group, one rank per process: every allocation and free on the profiled thread, so the figure is exact)."""
 
 from __future__ import annotations
 
@@ -134,11 +135,14 @@ def test_plan_within_15_percent_of_measured_single_process(bench: ModuleType, ar
 
 @pytest.mark.slow
 def test_plan_within_15_percent_of_measured_on_two_fsdp_ranks(bench: ModuleType) -> None:
-    """Against the fullest rank: each rank's peak moves by whole gathered blocks with gloo's timing
-    (benchmarks/memory_plan.py), over about 16-22 MB here, and the plan is for the rank that runs out first."""
+    """Against the fullest rank, the one that runs out first. Each rank is measured alone on the fake process
+    group (benchmarks/memory_plan.py says why not on 2 gloo ranks: the profiler misses the frees on gloo's
+    threads), so a rerun gives the same bytes."""
     argv = ["--size", "nano", "--attention", "gqa", "--micro-batch", "8", "--seq-len", "64", "--vocab-size", "256",
             "--strategy", "fsdp", "--activation-checkpointing"]  # fmt: skip
     row = bench.run_row(argv)
     assert row["world"] == 2 and row["plan"]["parameters"] < row["plan"]["terms"]["gathered"] * 4
+    assert row["backend"] == "fake" and len(row["measured_peak_per_rank"]) == 2
     assert row["measured_peak"] == max(row["measured_peak_per_rank"])
     assert math.isclose(row["planned_peak"], row["measured_peak"], rel_tol=0.15), row
+    assert bench.run_row(argv)["measured_peak_per_rank"] == row["measured_peak_per_rank"]  # deterministic
