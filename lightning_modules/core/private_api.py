@@ -51,6 +51,7 @@ APIS: dict[str, Api] = {
     "torch._fused_sdp_choice": Api("lightning_modules/model/attention/kernel.py"),
     "torch._dynamo.utils.get_compilation_metrics": Api("benchmarks/gpu.py"),
     "torch._dynamo.utils.clear_compilation_metrics": Api("benchmarks/gpu.py"),
+    "torch.testing._internal.distributed.fake_pg.FakeStore": Api("benchmarks/memory_plan.py"),
     **{
         f"torch.ops.aten.{op}": Api("lightning_modules/costs/memory.py")
         for op in (
