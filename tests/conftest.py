@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 # Triton kernels run through Triton's interpreter on a machine without a GPU (tests/kernels/). Triton reads the
@@ -28,11 +31,48 @@ def tiny_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty SQLite store. Creating one runs MLflow's schema migrations (about 6 s on a 2-core
+    machine, in whichever process opens it first), so it is done once per test process and copied for every
+    store a test needs; a copy is what a user's store is after its first connection."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # the first connection migrates
+    return path
+
+
+@pytest.fixture(scope="session")
+def store_at(empty_store_file: Path) -> Callable[[Path], str]:
+    """store_at(path) -> the tracking URI of a new empty SQLite store at `path` (a copy of the template).
+
+    MLflow writes the Default experiment's artifact folder into the tables when it creates them (./mlruns/0
+    of the creating process); the copy points it beside the store instead, so that nothing a test logs
+    there lands in the template's folder or the repository."""
+
+    def make(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(empty_store_file, path)
+        db = sqlite3.connect(path)
+        try:
+            with db:  # commits
+                db.execute(
+                    "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                    (str(path.parent / "0"),),
+                )
+        finally:
+            db.close()
+        return f"sqlite:///{path}"
+
+    return make
+
+
 @pytest.fixture
-def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs in tmp_path (checkpoints/ land there) with their own SQLite store."""
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_at: Callable[[Path], str]) -> str:
+    """Runs in tmp_path (checkpoints/ land there) with their own SQLite store, ./mlruns/mlflow.db."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    uri = store_at(tmp_path / "mlruns" / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 

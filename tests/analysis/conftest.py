@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,26 +11,11 @@ from tests.analysis.synthetic import log_synthetic_runs
 
 
 @pytest.fixture(scope="session")
-def empty_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty SQLite store. Creating one runs MLflow's schema migrations (seconds on a busy
-    2-core machine), so it is done once and copied for every store the tests need."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # the first connection migrates
-    return path
-
-
-@pytest.fixture(scope="session")
-def new_store(empty_store_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
-    """new_store(name) -> the tracking URI of a fresh empty SQLite store (a copy of the template)."""
-
-    def make(name: str) -> str:
-        path = tmp_path_factory.mktemp(name) / "mlflow.db"
-        shutil.copyfile(empty_store_file, path)
-        return f"sqlite:///{path}"
-
-    return make
+def new_store(
+    store_at: Callable[[Path], str], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], str]:
+    """new_store(name) -> the tracking URI of a fresh empty SQLite store in its own session folder."""
+    return lambda name: store_at(tmp_path_factory.mktemp(name) / "mlflow.db")
 
 
 @pytest.fixture(scope="session")

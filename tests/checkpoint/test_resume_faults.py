@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -35,16 +36,23 @@ def fi() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def reference(fi: ModuleType, tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(
+    fi: ModuleType,
+    tiny_shards: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    store_at: Callable[[Path], str],
+) -> Path:
     workdir = tmp_path_factory.mktemp("reference")
+    store_at(workdir / "mlruns" / "mlflow.db")  # where scripts/fault_injection.py's runs log
     fi.run_uninterrupted(workdir, tiny_shards, STEPS, TINY_SEQ_LEN)
     return workdir
 
 
 @pytest.mark.slow
 def test_same_command_twice_gives_the_same_loss_at_every_step(
-    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path
+    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path, store_at: Callable[[Path], str]
 ) -> None:
+    store_at(tmp_path / "mlruns" / "mlflow.db")
     fi.run_uninterrupted(tmp_path, tiny_shards, STEPS, TINY_SEQ_LEN)
     first, second = fi.loss_history(reference), fi.loss_history(tmp_path)
     assert len(first) == STEPS and first == second  # every step logged once, bitwise equal
@@ -54,8 +62,9 @@ def test_same_command_twice_gives_the_same_loss_at_every_step(
 
 @pytest.mark.slow
 def test_killed_twice_and_resumed_ends_like_the_uninterrupted_run(
-    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path
+    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path, store_at: Callable[[Path], str]
 ) -> None:
+    store_at(tmp_path / "mlruns" / "mlflow.db")
     ckpt, kills, during_write, processes = fi.run_with_kills(
         tmp_path, tiny_shards, STEPS, TINY_SEQ_LEN, 2, random.Random(0)
     )
@@ -69,10 +78,11 @@ def test_killed_twice_and_resumed_ends_like_the_uninterrupted_run(
 
 @pytest.mark.slow
 def test_killed_between_a_checkpoint_and_its_log_the_resume_logs_that_step_once(
-    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path
+    fi: ModuleType, reference: Path, tiny_shards: Path, tmp_path: Path, store_at: Callable[[Path], str]
 ) -> None:
     """Killed right after step 3's checkpoint, before Lightning logged step 3 (logged as step 2): the resumed
     fit logs it from the checkpoint, so the run's curve equals the uninterrupted one, every step once."""
+    store_at(tmp_path / "mlruns" / "mlflow.db")
     ckpt, env = tmp_path / "ck", fi._env(tmp_path, fi.process_tmpdir("kill-after-save"))
     kill = ["--trainer.callbacks.kill_step", "3"]
     cmd = fi.fit_command(

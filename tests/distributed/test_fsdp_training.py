@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,11 @@ def driver(shards: Path, out: Path, kinds: tuple[str, ...], *more: str) -> list[
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def store(tmp_path_factory: pytest.TempPathFactory, store_at: Callable[[Path], str]) -> tuple[Path, str]:
     """A working directory and an MLflow store created up front: processes that start together under
     torchrun would otherwise race to create its tables."""
     work = tmp_path_factory.mktemp("fsdp")
-    uri = f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"
-    (work / "mlruns").mkdir()
-    MlflowClient(uri).search_experiments(max_results=1)
-    return work, uri
+    return work, store_at(work / "mlruns" / "mlflow.db")
 
 
 @pytest.fixture(scope="module")

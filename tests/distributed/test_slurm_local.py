@@ -12,10 +12,10 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -41,7 +41,9 @@ def job_id_with_free_port() -> str:
     raise RuntimeError("no free port in 15000-24999")
 
 
-def test_two_slurm_tasks_train_on_the_hybrid_mesh(tiny_shards: Path, tmp_path: Path) -> None:
+def test_two_slurm_tasks_train_on_the_hybrid_mesh(
+    tiny_shards: Path, tmp_path: Path, store_at: Callable[[Path], str]
+) -> None:
     record = tmp_path / "ranks"
     extra = [
         "--model.arch.seq_len", "32",
@@ -68,9 +70,7 @@ def test_two_slurm_tasks_train_on_the_hybrid_mesh(tiny_shards: Path, tmp_path: P
     )
     command = built.stdout.decode().split("\0")[:-1]
     assert command[:3] == [sys.executable, str(ROOT / "main.py"), "fit"]
-    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
-    (tmp_path / "mlruns").mkdir()
-    MlflowClient(uri).search_experiments(max_results=1)  # tables made once, not raced by two tasks
+    uri = store_at(tmp_path / "mlruns" / "mlflow.db")  # tables made before, not raced by two tasks
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "SLURM_", "TORCHELASTIC"))}
     job = {
         **allocation,

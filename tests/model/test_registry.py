@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -100,7 +100,9 @@ def test_toy_attention_in_the_clis_choices(toy: str, capsys: pytest.CaptureFixtu
     assert "'toy'" in capsys.readouterr().err
 
 
-def test_toy_attention_in_the_analysis(toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_toy_attention_in_the_analysis(
+    toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_at: Callable[[Path], str]
+) -> None:
     from mlflow import MlflowClient
 
     from lightning_modules.analysis.runs import columns, load_runs
@@ -110,7 +112,7 @@ def test_toy_attention_in_the_analysis(toy: str, tmp_path: Path, monkeypatch: py
     from lightning_modules.tracking import runs
 
     monkeypatch.setattr(runs, "git_commit", lambda: "test")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_at(tmp_path / "mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment("toy")
     model = load_model_config([fragment("model", "nano")])[0]

@@ -5,6 +5,7 @@ replay never reach the file, and a last line cut by a dying append loses that li
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,9 @@ def artifact(run_id: str, path: str, artifact_path: str | None = None) -> dict[s
 
 @pytest.mark.slow
 def test_untrusted_pending_files_and_bad_stores_end_in_one_line_with_nothing_sent_or_deleted(
-    tmp_path: Path,
+    tmp_path: Path, store_at: Callable[[Path], str]
 ) -> None:
-    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    store = store_at(tmp_path / "store" / "mlflow.db")
     client, run = new_run(store)
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -135,11 +136,14 @@ def test_untrusted_pending_files_and_bad_stores_end_in_one_line_with_nothing_sen
 
 
 def test_overrides_serve_one_replay_and_a_cut_short_replay_resumes_from_the_files_own_lines(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    store_at: Callable[[Path], str],
 ) -> None:
     pending = held_file(tmp_path, monkeypatch)
     original = pending.read_bytes()
-    store = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    store = store_at(tmp_path / "other" / "mlflow.db")
     client, run = new_run(store)
 
     assert tracking_replay.main([str(pending), "--tracking-uri", "http://127.0.0.1:1", "--run-id", run]) == 1
@@ -173,12 +177,15 @@ def test_overrides_serve_one_replay_and_a_cut_short_replay_resumes_from_the_file
 
 
 def test_a_last_line_cut_by_a_dying_append_loses_that_line_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    store_at: Callable[[Path], str],
 ) -> None:
     pending = held_file(tmp_path, monkeypatch)
     text = pending.read_text()
     pending.write_text(text[:-12])  # the last line (the run's end) cut mid-line
-    store = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    store = store_at(tmp_path / "other" / "mlflow.db")
     client, run = new_run(store)
 
     assert tracking_replay.main([str(pending), "--tracking-uri", store, "--run-id", run]) == 0

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,7 +136,10 @@ def test_run_ends_failed_when_training_raises(tiny_shards: Path, mlflow_uri: str
 
 
 def test_held_calls_past_the_memory_bound_keep_their_order_and_replay_into_another_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    store_at: Callable[[Path], str],
 ) -> None:
     dead = "http://127.0.0.1:9"  # the discard port: nothing answers
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -156,7 +160,7 @@ def test_held_calls_past_the_memory_bound_keep_their_order_and_replay_into_anoth
     assert tracking_replay.main([str(pending)]) == 1  # the run's own store is still away
     assert "still pending there" in capsys.readouterr().err and pending.is_file()
 
-    store = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    store = store_at(tmp_path / "other" / "mlflow.db")
     client = MlflowClient(store)
     run_id = client.create_run(client.create_experiment("e")).info.run_id
     assert tracking_replay.main([str(pending), "--tracking-uri", store, "--run-id", run_id]) == 0
@@ -197,12 +201,16 @@ def test_three_fits_started_together_on_a_fresh_store_all_finish_in_their_own_ru
 
 
 def test_resume_into_another_store_is_refused_then_continues_in_a_new_run(
-    tiny_shards: Path, mlflow_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_shards: Path,
+    mlflow_uri: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    store_at: Callable[[Path], str],
 ) -> None:
     first = main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "2", *NO_VAL))
     old = first.trainer.logger.run_id
     ckpt = Path(first.trainer.checkpoint_callback.dirpath) / "last.ckpt"
-    other = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    other = store_at(tmp_path / "other" / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
     resume = args("fit", tiny_shards, "mha", "--trainer.max_steps", "4", *NO_VAL, "--ckpt_path", str(ckpt))
     with pytest.raises(TrackingRunNotFoundError) as err:
