@@ -151,6 +151,10 @@ def worker(rank: int, port: int, scenario: str) -> None:
         dist.barrier()  # neither rank tears down its connections while the other still uses them
     finally:
         dist.destroy_process_group()
+    # Checked and torn down: skip interpreter finalization, where gloo's worker threads now and then abort the
+    # rank ("terminate called without an active exception", as benchmarks/memory_plan.py notes). A failure
+    # above raises before this line and reaches mp.spawn as usual.
+    os._exit(0)
 
 
 def free_port() -> int:
