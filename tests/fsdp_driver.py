@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from main import main
+from tests.gloo_exit import leave
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -139,3 +140,4 @@ def cli() -> None:
 
 if __name__ == "__main__":
     cli()
+    leave()

@@ -20,6 +20,7 @@ from lightning_modules.distributed.parallel import ParallelConfig, parallelize
 from lightning_modules.model.attention import AttentionConfig
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.transformer import Transformer
+from tests.gloo_exit import leave
 
 SEED = 7
 
@@ -82,3 +83,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

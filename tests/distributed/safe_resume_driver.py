@@ -24,6 +24,7 @@ from torch.distributed.fsdp import fully_shard
 
 from lightning_modules.core.lightning_api import load_sharded_into
 from tests.checkpoint.crafted import crafted_value
+from tests.gloo_exit import leave
 
 
 def build(seed: int) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
@@ -99,3 +100,4 @@ def main(out: Path, port: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2])
+    leave()

@@ -28,6 +28,7 @@ from lightning_modules.distributed.parallel import ParallelConfig, data_parallel
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.muon import MuonAdamW
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
+from tests.gloo_exit import leave
 from tests.helpers import attn, tiny_model
 
 WORLD = 2
@@ -151,10 +152,7 @@ def worker(rank: int, port: int, scenario: str) -> None:
         dist.barrier()  # neither rank tears down its connections while the other still uses them
     finally:
         dist.destroy_process_group()
-    # Checked and torn down: skip interpreter finalization, where gloo's worker threads now and then abort the
-    # rank ("terminate called without an active exception", as benchmarks/memory_plan.py notes). A failure
-    # above raises before this line and reaches mp.spawn as usual.
-    os._exit(0)
+    leave()  # checked and torn down (tests/gloo_exit.py says why)
 
 
 def free_port() -> int:
