@@ -28,6 +28,7 @@ from lightning_modules.study import ledger as ledgers
 from lightning_modules.study import lock, settings, timing
 from lightning_modules.study.protocol import ROOT, TAG, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
+from lightning_modules.tracking.runs import git_commit
 
 POLL_S = 1.0
 # How long a rerun waits for an orphaned worker (lock.orphaned) to go before it leaves the run for later.
@@ -234,6 +235,11 @@ class Runner:
             how = "resuming from its last checkpoint"
         elif found.state == "free":
             how = f"restarting: no checkpoint in {folder} on this machine"
+            # Nothing of the earlier attempt is kept, so the code that trains the run is this tree's; and its
+            # wall time counts from the first claim (MLflow's start time), pause included: marked resumed, so
+            # timing.py does not plan with it.
+            client.set_tag(run_id, "git_commit", git_commit())
+            client.set_tag(run_id, TAG + "resumed_from_step", "0")
         cmd += ["--", *spec.cli_args()]
         env = {**os.environ, "MLFLOW_TRACKING_URI": self.store.uri, "OMP_NUM_THREADS": self.threads}
         env["PYTHONUNBUFFERED"] = "1"  # the log shows progress as it happens

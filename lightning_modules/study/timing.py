@@ -7,7 +7,8 @@ one: the same CPU model, the same CPU kind (lightning_modules/core/precision.py:
 without native bf16, and the main study's fp32 runs take about 1.5x longer on the kind without) and the same
 number of workers (they share the cores). Failing that, the longest such run of any arm of that size (arms of
 one FLOP budget differ in wall time by a few tens of per cent at most); failing that, nothing is known. A run
-resumed after an interruption is left out: its wall time includes the pause.
+resumed after an interruption, or restarted from step 0 (runner.py), is left out: its wall time includes the
+pause.
 
 Done runs come from the committed ledger (results/<protocol>/runs.csv: machine, hardware, command, duration_s,
 resumed_from_step); the runner adds the runs it finishes itself as it goes. A run that resumes from a

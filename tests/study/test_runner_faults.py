@@ -21,6 +21,7 @@ from lightning_modules.study import protocol as protocols
 from lightning_modules.study import store as store_module
 from lightning_modules.study.__main__ import main as study_main
 from lightning_modules.study.store import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
+from lightning_modules.tracking.runs import git_commit
 from tests.one_line import Case, assert_each_ends_in_one_line
 from tests.study.test_study import MICRO_FLOPS, micro_protocol
 
@@ -207,10 +208,11 @@ def test_a_zombie_lock_holder_counts_as_exiting() -> None:
 
 
 @pytest.mark.slow
-def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_trains_the_run(
+def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_restarts_the_run_retagged(
     tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, store, run, folder = _released_run(tmp_path, tiny_shards, mlflow_uri)
+    store.client.set_tag(run.info.run_id, "git_commit", "0000000-dirty")  # the tree of the first claim
     orphan = _lock_holder(folder, dead_pid(), 3)  # a killed runner's worker, still going for 3 s
     try:
         assert study_main([str(path), "--settle-s", "0"]) == 0
@@ -220,7 +222,13 @@ def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_trains_the_run(
     out = capsys.readouterr().out
     assert f"waiting for the worker (pid {orphan.pid}) of a killed runner to exit" in out, out
     assert "[start 1/1]" in out and "still trains it" not in out, out
-    assert "test/loss" in store.client.get_run(run.info.run_id).data.metrics
+    assert f"restarting: no checkpoint in {folder} on this machine" in out, out
+    done = store.client.get_run(run.info.run_id)
+    assert "test/loss" in done.data.metrics
+    # No checkpoint, so nothing of the first claim trained it: this tree's commit, and its wall time (from the
+    # first claim) marked as holding a pause, as a resumed run's is (timing.py leaves both out).
+    assert done.data.tags["git_commit"] == git_commit() != "0000000-dirty"
+    assert done.data.tags["study.resumed_from_step"] == "0"
 
 
 @pytest.mark.slow

@@ -61,6 +61,7 @@ def test_the_ledger_gives_finished_whole_runs_with_their_machine_and_workers(tmp
         row("mha", 2805.3),
         row("mqa", 2400.0, command="python -m lightning_modules.study conf/study/main.yaml --workers=2"),
         row("gqa-g2", 1000.0, resumed_from_step="1200"),  # its wall time holds the pause: left out
+        row("mqa", 1000.0, resumed_from_step="0"),  # restarted without a checkpoint: likewise
         row("mla-c224", 3100.0, test_loss=""),  # not finished
         row("lrkv-r16", 3000.0, hardware=""),  # no CPU kind recorded
         row("mha", float("nan")),
