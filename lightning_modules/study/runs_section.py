@@ -44,7 +44,8 @@ def runs_section(per_run: pd.DataFrame) -> list[str]:
         "## Runs (one row per run, in the order they started)",
         "",
         "Wall minutes are the run's start to end on its machine, not its cost alone: other jobs may have shared "
-        "the machine. A run resumed from a checkpoint names the step it resumed from.",
+        "the machine. A run resumed from a checkpoint names the step it resumed from; 0 is a run restarted from "
+        "the beginning (no checkpoint where it was taken over), whose wall time still counts from its first claim.",
         "",
         md_table(view),
         "",
