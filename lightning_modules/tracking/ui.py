@@ -46,9 +46,18 @@ class UiStoreError(UserError, ValueError):
 
 def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
     """Make the experiment open in the model-training view, unless it already declares a kind."""
+    from mlflow.exceptions import MlflowException  # late: mlflow takes seconds to import
+
     experiment = client.get_experiment(experiment_id)
-    if EXPERIMENT_KIND_TAG not in experiment.tags:
+    if EXPERIMENT_KIND_TAG in experiment.tags:
+        return
+    try:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    except MlflowException:
+        # Two runs starting at once (the study's workers) both find the tag missing; the SQL store's insert of
+        # the second then fails on the unique key. Lost to a run that set it: nothing left to do.
+        if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+            raise
 
 
 def manifest_dataset(data_dir: str | Path):  # noqa: ANN201 (mlflow.entities.Dataset, imported late)

@@ -87,3 +87,39 @@ def test_a_users_experiment_kind_is_kept(mlflow_uri: str) -> None:
     experiment_id = client.create_experiment("mine", tags={ui.EXPERIMENT_KIND_TAG: "finetuning"})
     ui.mark_model_training(client, experiment_id)
     assert client.get_experiment(experiment_id).tags[ui.EXPERIMENT_KIND_TAG] == "finetuning"
+
+
+def test_a_kind_set_by_a_run_starting_at_the_same_time_is_not_an_error(mlflow_uri: str) -> None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(mlflow_uri)
+    experiment_id = client.create_experiment("raced")
+    stale = client.get_experiment(experiment_id)  # what both racing runs read: no kind yet
+
+    class Raced(MlflowClient):
+        """The other run sets the kind between this one's read and its insert, which then fails (as the SQL
+        store's unique key makes it)."""
+
+        reads = 0
+
+        def get_experiment(self, experiment_id: str):  # noqa: ANN202
+            self.reads += 1
+            return stale if self.reads == 1 else super().get_experiment(experiment_id)
+
+        def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+            super().set_experiment_tag(experiment_id, key, value)
+            raise MlflowException(
+                "UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id"
+            )
+
+    ui.mark_model_training(Raced(mlflow_uri), experiment_id)
+    assert client.get_experiment(experiment_id).tags[ui.EXPERIMENT_KIND_TAG] == ui.MODEL_TRAINING
+
+    class Broken(MlflowClient):  # the insert fails and nobody set the kind: the error stands
+        def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+            raise MlflowException("database is locked")
+
+    other = client.create_experiment("broken")
+    with pytest.raises(MlflowException, match="locked"):
+        ui.mark_model_training(Broken(mlflow_uri), other)
