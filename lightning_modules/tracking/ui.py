@@ -84,10 +84,18 @@ def manifest_dataset(data_dir: str | Path):  # noqa: ANN201 (mlflow.entities.Dat
 def log_dataset(client: MlflowClient, run_id: str, data_dir: str | Path, stage: str) -> None:
     """Log the shards as a dataset input of the run, in the stage's context (training, validation, testing)."""
     from mlflow.entities import DatasetInput, InputTag  # late, as above
+    from mlflow.exceptions import MlflowException
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     context = InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS.get(stage, stage))
-    client.log_inputs(run_id, datasets=[DatasetInput(manifest_dataset(data_dir), tags=[context])])
+    inputs = [DatasetInput(manifest_dataset(data_dir), tags=[context])]
+    try:
+        client.log_inputs(run_id, datasets=inputs)
+    except MlflowException:
+        # Two runs starting at once (the study's workers) both find the dataset missing from the experiment and
+        # both insert it; the SQL store's primary key (experiment, name, digest) fails the second. The winner's
+        # row is there now, so a second try links this run to it; any other failure fails again and stands.
+        client.log_inputs(run_id, datasets=inputs)
 
 
 def ui_url(experiment_id: str | None, base: str = UI) -> str:

@@ -123,3 +123,41 @@ def test_a_kind_set_by_a_run_starting_at_the_same_time_is_not_an_error(mlflow_ur
     other = client.create_experiment("broken")
     with pytest.raises(MlflowException, match="locked"):
         ui.mark_model_training(Broken(mlflow_uri), other)
+
+
+def test_a_dataset_logged_by_a_run_starting_at_the_same_time_is_not_an_error(
+    tiny_shards: Path, mlflow_uri: str
+) -> None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(mlflow_uri)
+    experiment_id = client.create_experiment("raced")
+    winner, loser = (client.create_run(experiment_id).info.run_id for _ in range(2))
+
+    class Raced(MlflowClient):
+        """The other run inserts the dataset between this one's lookup and its insert, which then fails (as
+        the SQL store's primary key on experiment, name and digest makes it)."""
+
+        tries = 0
+
+        def log_inputs(self, run_id: str, datasets=None, models=None) -> None:  # noqa: ANN001
+            self.tries += 1
+            if self.tries == 1:
+                ui.log_dataset(client, winner, tiny_shards, "fit")
+                raise MlflowException("UNIQUE constraint failed: datasets.experiment_id, datasets.name")
+            super().log_inputs(run_id, datasets=datasets, models=models)
+
+    raced = Raced(mlflow_uri)
+    ui.log_dataset(raced, loser, tiny_shards, "fit")
+    assert raced.tries == 2
+    logged = {r: client.get_run(r).inputs.dataset_inputs for r in (winner, loser)}
+    assert all(len(inputs) == 1 for inputs in logged.values())
+    assert logged[winner][0].dataset.digest == logged[loser][0].dataset.digest
+
+    class Broken(MlflowClient):  # every insert fails: the error stands
+        def log_inputs(self, run_id: str, datasets=None, models=None) -> None:  # noqa: ANN001
+            raise MlflowException("database is locked")
+
+    with pytest.raises(MlflowException, match="locked"):
+        ui.log_dataset(Broken(mlflow_uri), loser, tiny_shards, "fit")
