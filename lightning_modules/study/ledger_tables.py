@@ -18,6 +18,11 @@ from lightning_modules.core.errors import ConfigError
 from lightning_modules.study.ledger import DONE_COLUMN, EVALUATIONS, IDENTITY, RUNS, done_identities
 from lightning_modules.study.protocol import Protocol
 
+# Read as written: pandas would parse a resume step "600" as 600.0 (the column is blank for most runs) and the
+# next report would write it back so, and a commit made only of digits and one "e" as a float.
+TEXT_COLUMNS = (IDENTITY, "data", "run_id", "git_commit", "machine", "device", "hardware", "command",
+                "resumed_from_step", "settings")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class LedgerTables:
@@ -35,7 +40,7 @@ def read(folder: Path, protocol: Protocol) -> LedgerTables:
         return LedgerTables(
             pd.DataFrame(columns=[IDENTITY, "run_id"]), pd.DataFrame(columns=list(tidy.COLUMNS))
         )
-    runs = pd.read_csv(folder / RUNS, dtype={"run_id": str, IDENTITY: str})
+    runs = pd.read_csv(folder / RUNS, dtype=dict.fromkeys(TEXT_COLUMNS, str))
     runs = runs[runs[IDENTITY].isin(wanted) & runs[DONE_COLUMN].notna()].reset_index(drop=True)
     path = folder / EVALUATIONS
     if not path.is_file():

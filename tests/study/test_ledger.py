@@ -4,6 +4,7 @@ line naming the file."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pandas as pd
@@ -75,7 +76,10 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     assert "fit trainer.limit_val_batches 2 -> 3" in refused[0]
     path.write_text(text)
 
-    # A ledger that lost seed 2's row: only seed 2 trains, and the report holds both runs again.
+    # A ledger that lost seed 2's row: only seed 2 trains, and the report holds both runs again. Seed 1's row
+    # says it resumed from step 600, a text every later report must write back as it was (not 600.0).
+    written["resumed_from_step"] = written["resumed_from_step"].astype(object)
+    written.loc[written["seed"] == 1, "resumed_from_step"] = "600"
     written[written["seed"] == 1].to_csv(book / "runs.csv", index=False)
     assert study_main(args) == 0
     assert _starts(capsys.readouterr().out) == ["nano mha seed 2"]
@@ -104,3 +108,9 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     assert study_main([*args, "--report", "--out", str(book)]) == 0
     assert "2/2 runs reported" in capsys.readouterr().out
     assert not missing.exists() and (book / "runs.csv").read_text() == first
+    with (book / "runs.csv").open(newline="") as f:
+        resumed = {row["seed"]: row["resumed_from_step"] for row in csv.DictReader(f)}
+    assert resumed == {
+        "1": "600",
+        "2": "",
+    }  # read back from a ledger with a blank beside it, still as written
