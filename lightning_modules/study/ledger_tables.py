@@ -18,8 +18,8 @@ from lightning_modules.core.errors import ConfigError
 from lightning_modules.study.ledger import DONE_COLUMN, EVALUATIONS, IDENTITY, RUNS, done_identities
 from lightning_modules.study.protocol import Protocol
 
-# Read as written: pandas would parse a resume step "600" as 600.0 (the column is blank for most runs) and the
-# next report would write it back so, and a commit made only of digits and one "e" as a float.
+# Read as written: pandas' type guessing turns a resume step "600" in a mostly blank column into 600.0, which the
+# next report would write into the ledger, and would read a commit or data hash of digits and one "e" as a float.
 TEXT_COLUMNS = (IDENTITY, "data", "run_id", "git_commit", "machine", "device", "hardware", "command",
                 "resumed_from_step", "settings")  # fmt: skip
 

@@ -110,7 +110,5 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     assert not missing.exists() and (book / "runs.csv").read_text() == first
     with (book / "runs.csv").open(newline="") as f:
         resumed = {row["seed"]: row["resumed_from_step"] for row in csv.DictReader(f)}
-    assert resumed == {
-        "1": "600",
-        "2": "",
-    }  # read back from a ledger with a blank beside it, still as written
+    # read back from a ledger in which a blank stands beside it, still as written
+    assert resumed == {"1": "600", "2": ""}
