@@ -30,7 +30,7 @@ STUDY = ["-m", "lightning_modules.study"]
 
 
 def one_run_protocol(folder: Path, shards: Path, budget: float = MICRO_FLOPS) -> Path:
-    """The micro protocol with one arm and one seed: a single run (about 25 steps at MICRO_FLOPS)."""
+    """The micro protocol with one arm and one seed: a single run (45 steps at MICRO_FLOPS)."""
     path = micro_protocol(folder, shards, arms="[{kind: mha}]", budget=budget)
     path.write_text(path.read_text().replace("seeds: [1, 2]", "seeds: [1]"))
     return path

@@ -22,7 +22,8 @@ from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT, Store
 from tests.conftest import TINY_SEQ_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO_FLOPS = 3.0e10  # about 25 steps of nano at 4 x 32 tokens: long enough to be killed half-way
+# 45 steps of nano mha (49 of lrkv-r4) at 4 x 32 tokens and the tiny shards' 512-token vocabulary: time to kill one
+MICRO_FLOPS = 3.0e10
 
 
 def micro_protocol(folder: Path, shards: Path, arms: str = "[{kind: mha}, {kind: lrkv, rank: 4}]",
