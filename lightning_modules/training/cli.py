@@ -3,6 +3,8 @@
 - the data manifest's vocabulary size is written into model.arch.vocab_size, and a model.arch.seq_len that
   differs from the manifest's is an error (shards are packed at one length);
 - seed_everything also seeds the data order;
+- an integer batch limit stays an integer (`--trainer.limit_val_batches 1` is one batch, 1.0 the whole split;
+  lightning_modules/training/batch_limits.py);
 - trainer.precision, when not set, is chosen by the hardware (lightning_modules/core/precision.py), printed once
   and tagged on the MLflow run;
 - the MLflow logger gets the store (./mlruns SQLite or MLFLOW_TRACKING_URI), the run name
@@ -46,6 +48,7 @@ from lightning_modules.optim.setup import OptimizerConfig
 from lightning_modules.tracking import runs
 from lightning_modules.tracking import store as tracking
 from lightning_modules.tracking import ui as mlflow_ui
+from lightning_modules.training.batch_limits import BatchLimitTrainer
 from lightning_modules.training.final_validation import ValidateLastStep
 from lightning_modules.training.language_model import Budget, LanguageModel
 from lightning_modules.training.signals import StopOnSignal
@@ -123,6 +126,7 @@ class LanguageModelCLI(LightningCLI):
         super().__init__(
             LanguageModel,
             ShardDataModule,
+            trainer_class=BatchLimitTrainer,  # `--trainer.limit_val_batches 1` is one batch (batch_limits.py)
             save_config_callback=MLflowConfigCallback,
             save_config_kwargs={"save_to_log_dir": False},
             args=args,

@@ -137,7 +137,7 @@ FSDP = [
     "--config", str(ROOT / "conf/attention/lrkv.yaml"), "--config", str(ROOT / "conf/strategy/fsdp.yaml"),
     "--trainer.devices", "1", "--trainer.accelerator", "cpu", "--model.arch.seq_len", str(TINY_SEQ_LEN),
     "--trainer.precision", "32-true", "--data.batch_size", "4", "--data.num_workers", "0",
-    "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",  # "1" reads as 1.0: the whole split
+    "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 

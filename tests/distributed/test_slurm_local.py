@@ -52,7 +52,7 @@ def test_two_slurm_tasks_train_on_the_hybrid_mesh(
         "--data.global_batch_size", "8",
         "--trainer.precision", "32-true",
         "--trainer.max_steps", "2",
-        "--trainer.limit_val_batches", "2",  # not "1": the CLI reads it as 1.0, the whole split
+        "--trainer.limit_val_batches", "2",
         "--trainer.val_check_interval", "2",
         "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false",

@@ -17,7 +17,6 @@ def test_compare_trains_tests_and_tabulates(
     data.write_text(f"data:\n  data_dir: {tiny_shards}\n  batch_size: 4\n  num_workers: 0\n")
     budget = tmp_path / "budget.yaml"
     budget.write_text("model:\n  budget:\n    flops: 4.0e9\n")
-    # two validation batches, not "1": the CLI reads that as 1.0, the whole split
     extra = ["--model.arch.seq_len", str(TINY_SEQ_LEN), "--trainer.limit_val_batches", "2",
              "--trainer.enable_progress_bar", "false", "--trainer.limit_test_batches", "2"]  # fmt: skip
     assert (

@@ -8,11 +8,13 @@ import pytest
 import yaml
 
 from lightning_modules.core.fragments import NOT_FRAGMENTS
+from lightning_modules.training.cli import main as cli_main
 from main import main
 from tests.conftest import TINY_SEQ_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
+CapSys = pytest.CaptureFixture[str]
 FRAGMENTS = sorted(
     p.relative_to(CONF)
     for p in CONF.rglob("*.yaml")
@@ -84,3 +86,23 @@ def test_missing_shards_say_how_to_build_them(tmp_path: Path, capsys: pytest.Cap
         ["--config", str(CONF / "attention/mha.yaml"), "--data.data_dir", str(tmp_path / "none")], capsys
     )
     assert "no manifest.json there; build shards with `make data`" in err
+
+
+@pytest.mark.parametrize(("given", "parsed"), [("1", 1), ("1.0", 1.0), ("8", 8), ("0.5", 0.5)])
+def test_batch_limit_keeps_int_or_float(given: str, parsed: float, capsys: CapSys) -> None:
+    # Lightning counts batches for an int and takes a fraction for a float: "1" must stay one batch, not 1.0,
+    # the whole split (lightning_modules/training/batch_limits.py)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(CONF / "base.yaml"), "--trainer.limit_val_batches", given, "--print_config"])  # fmt: skip
+    value = yaml.safe_load(capsys.readouterr().out)["trainer"]["limit_val_batches"]
+    assert value == parsed and type(value) is type(parsed)
+
+
+def test_one_val_batch_reaches_the_trainer(tiny_shards: Path) -> None:
+    args = ["--config", str(CONF / "base.yaml"), "--config", str(CONF / "model/nano.yaml"),
+            "--config", str(CONF / "attention/mha.yaml"), "--data.data_dir", str(tiny_shards),
+            "--model.arch.seq_len", str(TINY_SEQ_LEN), "--trainer.limit_val_batches", "1",
+            "--trainer.limit_test_batches", "1.0", "--trainer.logger", "false"]  # fmt: skip
+    trainer = cli_main(args, run=False).trainer
+    assert trainer.limit_val_batches == 1 and isinstance(trainer.limit_val_batches, int)
+    assert trainer.limit_test_batches == 1.0 and isinstance(trainer.limit_test_batches, float)
