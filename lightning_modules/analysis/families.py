@@ -1,10 +1,11 @@
 """Which pairs of arms a study compares, which way round, and the family each belongs to for Holm.
 
-A protocol may declare its primary comparisons (conf/study/<p>.yaml `comparisons: {primary: [[a, b], ...]}`,
-read by lightning_modules/study/protocol.py): the questions it was run to answer. Every other pair of arms is
-secondary (exploratory). Holm's adjustment (analysis/multiplicity.py) runs within the primary family and,
-separately, within the secondary one, per view (equal FLOPs, equal tokens, pooled), so declaring a few primary
-comparisons keeps their correction small while the many secondary pairs still cannot resolve by chance.
+A protocol may declare its primary comparisons (conf/study/<p>.yaml `comparisons: {primary: [[a, b], ...]}`, read
+by lightning_modules/study/protocol.py): the questions it was run to answer. Every other pair of arms is secondary
+(exploratory). Holm's adjustment (analysis/multiplicity.py) runs within the primary family and, separately, within
+the secondary one, per view (equal FLOPs, equal tokens, equal FLOPs on the validation split, pooled), so declaring
+a few primary comparisons keeps their correction small while the many secondary pairs still cannot resolve by
+chance.
 
 Orientation: a declared pair is a - b as declared; otherwise the baseline attention (mha) is always b, and
 between two other arms the later one in the protocol's order minus the earlier (cpu: lrkv-r16 - mla-c128).

@@ -1,4 +1,4 @@
-"""Every pair of arms within a size, paired by seed (same seed = same initialisation and data order), in two
+"""Every pair of arms within a size, paired by seed (same seed = same initialisation and data order), in three
 views, with Holm-adjusted p-values per declared family (analysis/families.py).
 
 - view "equal_flops"   split "test", metric "loss": each run's final test cross-entropy at the end of training,
@@ -9,6 +9,12 @@ views, with Holm-adjusted p-values per declared family (analysis/families.py).
                        the smaller final count; runs recorded before that read at their last validation)
                        (analysis/equal_tokens.py: linear in tokens, never extrapolated; a seed whose run has no
                        validation at or before the count is dropped from that pair and counted in `n_dropped`).
+- view "equal_flops_val"  split "val", metric "loss": each run's validation loss at the end of training (its
+                       final token count), the equal-FLOP view read on the split the equal-token view reads. It
+                       is the control that separates the two differences between the views above: from
+                       equal_flops to equal_flops_val only the split changes, from equal_flops_val to
+                       equal_tokens only the token count. A run without a validation at its last step (recorded
+                       before fits validated there) has no value and its seed is dropped and counted.
 
 One row per (size, view, pair): a - b averaged over the seeds both ran (`n_pairs`), its sd, 95 % t-interval,
 the paired t-test's two-sided `p` and `p_holm` (Holm within the view's primary or secondary family across the
@@ -29,6 +35,7 @@ from lightning_modules.analysis.runs import final_losses
 
 EQUAL_FLOPS = "equal_flops"
 EQUAL_TOKENS = "equal_tokens"
+EQUAL_FLOPS_VAL = "equal_flops_val"
 METRIC = "loss"  # cross-entropy in nats per token; bpb is the same loss times one constant per split
 COLUMNS = ["size", "view", "split", "metric", "a", "b", "a_attention", "b_attention", "family", "n_pairs",
            "n_dropped", "tokens_mean", "diff_mean", "diff_sd", "ci_low", "ci_high", "p", "p_holm",
@@ -50,6 +57,7 @@ def pair_table(runs: pd.DataFrame, primary: Iterable[Pair] = ()) -> pd.DataFrame
                       "family": family(a, b, primary), "metric": METRIC}  # fmt: skip
             rows.append({**common, **_equal_flops(by_label[a], by_label[b])})
             rows.append({**common, **_equal_tokens(by_label[a], by_label[b], curves)})
+            rows.append({**common, **_equal_flops_val(by_label[a], by_label[b], curves)})
     return with_holm(pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("p_holm", "resolved")]))
 
 
@@ -72,6 +80,20 @@ def _equal_tokens(a: pd.DataFrame, b: pd.DataFrame, curves: pd.DataFrame) -> dic
         counts.append(tokens)
     mean_tokens = sum(counts) / len(counts) if counts else math.nan
     return {"view": EQUAL_TOKENS, "split": "val", "n_dropped": dropped, "tokens_mean": mean_tokens,
+            **_test(diffs)}  # fmt: skip
+
+
+def _equal_flops_val(a: pd.DataFrame, b: pd.DataFrame, curves: pd.DataFrame) -> dict:
+    diffs, dropped = [], 0
+    for seed in sorted(set(a.index) & set(b.index)):
+        # each run at its own final token count (its test row's), where a fit's last validation lies
+        at = [loss_at(curves[curves["run_id"] == run.loc[seed, "run_id"]], float(run.loc[seed, "tokens"]), METRIC)
+              for run in (a, b)]  # fmt: skip
+        if any(math.isnan(v) for v in at):
+            dropped += 1
+            continue
+        diffs.append(at[0] - at[1])
+    return {"view": EQUAL_FLOPS_VAL, "split": "val", "n_dropped": dropped, "tokens_mean": math.nan,
             **_test(diffs)}  # fmt: skip
 
 

@@ -223,10 +223,14 @@ def pairs_sections(pairs: pd.DataFrame, declared: bool) -> list[str]:
         "",
     ]
     for view, title in (("equal_flops", "At equal FLOPs: final test CE (the protocol's budget)"),
-                        ("equal_tokens", "At equal tokens: validation CE at the pair's common token count")):  # fmt: skip
+                        ("equal_tokens", "At equal tokens: validation CE at the pair's common token count"),
+                        ("equal_flops_val", "At equal FLOPs on the validation split: validation CE at each "
+                                            "run's last step (the control between the two views above)")):  # fmt: skip
         part = pairs[pairs["view"] == view]
+        if part.empty:  # a table written before the view existed
+            continue
         if part["n_pairs"].sum() == 0:  # nothing to tabulate: only the sentence saying why
-            lines += [f"### {title}", "", _equal_tokens_text(part), ""]
+            lines += [f"### {title}", "", VIEW_TEXT.get(view, _equal_tokens_text)(part), ""]
             continue
         for fam in ("primary", "secondary"):
             rows = part[part["family"] == fam]
@@ -237,8 +241,8 @@ def pairs_sections(pairs: pd.DataFrame, declared: bool) -> list[str]:
                     md_table(_pairs_view(rows)),
                     "",
                 ]
-        if view == "equal_tokens":
-            lines += [_equal_tokens_text(part), ""]
+        if view in VIEW_TEXT:
+            lines += [VIEW_TEXT[view](part), ""]
     lines += ["![paired differences](pairs.png)", "", "Every row: `pairs.csv`.", ""]
     return lines
 
@@ -294,6 +298,25 @@ def _equal_tokens_text(part: pd.DataFrame) -> str:
         + f"; {dropped} of {total} seed pairs were dropped because a run's last validation came before that "
         "count (validate at the end of training to keep them)."
     )
+
+
+def _final_val_text(part: pd.DataFrame) -> str:
+    text = (
+        "Equal FLOPs on the validation split: each run's validation CE at its last step, on the split the "
+        "equal-token view reads. From the equal-FLOP table to this one only the split changes; from this one to "
+        "the equal-token table only the token count does"
+    )
+    dropped = int(part["n_dropped"].sum())
+    if dropped == 0:
+        return text + "."
+    total = dropped + int(part["n_pairs"].sum())
+    return text + (
+        f"; {dropped} of {total} seed pairs were dropped because a run did not validate at its last step "
+        "(recorded before fits validated there)."
+    )
+
+
+VIEW_TEXT = {"equal_tokens": _equal_tokens_text, "equal_flops_val": _final_val_text}
 
 
 def pooled_section(pooled: pd.DataFrame) -> list[str]:

@@ -106,6 +106,25 @@ def test_a_curve_that_stops_short_sets_the_common_count_and_a_run_without_one_is
     assert (flops["n_pairs"], flops["n_dropped"]) == (3, 0)  # the final test losses are all there
 
 
+def test_equal_flops_val_reads_each_run_at_its_own_final_count_and_drops_a_run_that_stops_short() -> None:
+    row = view(pairwise.pair_table(two_arms()), "equal_flops_val")
+    # lrkv's validation at its final 1,500 tokens (4.7) minus mha's at its final 1,000 (5.0 + 0.01 s)
+    diffs = [4.7 - (5.0 + 0.01 * s) for s in (1, 2, 3)]
+    assert (row["a"], row["b"], row["split"], row["n_pairs"], row["n_dropped"]) == (
+        "lrkv-r16",
+        "mha",
+        "val",
+        3,
+        0,
+    )
+    assert row["diff_mean"] == pytest.approx(np.mean(diffs)) and row["diff_sd"] == pytest.approx(0.01)
+    assert row["p"] == pytest.approx(scipy.stats.ttest_1samp(diffs, 0).pvalue, rel=1e-6)
+    # seed 3's lrkv curve ends at 900 tokens while its run trained 1,500: no value at its final count, no guess
+    short = view(pairwise.pair_table(two_arms({**LRKV_VAL, 3: LRKV_VAL[3][:3]})), "equal_flops_val")
+    assert (short["n_pairs"], short["n_dropped"]) == (2, 1)
+    assert short["diff_mean"] == pytest.approx(np.mean(diffs[:2]))
+
+
 # ----- families and Holm -------------------------------------------------------------------------------
 # Three arms x four seeds of final test loss, no curves needed for the equal-FLOP and pooled views.
 LOSSES = {"mha": ("mha", [5.60, 5.70, 5.65, 5.62]), "gqa-g2": ("gqa", [5.57, 5.69, 5.60, 5.61]),
@@ -244,6 +263,8 @@ def test_the_page_says_when_no_primary_comparison_was_declared_and_lists_primary
     assert text.index("equal FLOPs: final test CE (the protocol's budget), primary") < text.index(
         "equal FLOPs: final test CE (the protocol's budget), secondary"
     )
+    control = text.index("### At equal FLOPs on the validation split: validation CE at each run's last step")
+    assert text.index("### At equal tokens") < control and "only the split changes" in text[control:]
     rows = forest.forest_rows(pairs)
     assert list(zip(rows["a"], rows["b"], strict=True)) == [("lrkv-r16", "gqa-g2"), ("gqa-g2", "mha"),
                                                              ("lrkv-r16", "mha")]  # fmt: skip
@@ -300,6 +321,16 @@ def test_committed_studies_compare_at_equal_tokens_where_both_runs_validated() -
         assert (tokens.loc[mla, "tokens_mean"] == 204800).all() and (
             tokens.loc[~mla, "tokens_mean"] == 245760
         ).all()
+        # their last validation is not at their last step: no run has a value for the control, none is guessed
+        control = pairwise.pair_table(committed(name)).query("view == 'equal_flops_val'")
+        assert (control["n_pairs"] == 0).all() and (
+            control["n_dropped"] == tokens["n_pairs"].to_numpy()
+        ).all()
+        text = "\n".join(readme.pairs_sections(pairwise.pair_table(committed(name)), declared=False))
+        assert (
+            "### At equal FLOPs on the validation split" in text
+            and "seed pairs were dropped because a run" in text
+        )
     # the figure the review gave: at equal tokens (205 K) mla-c224 - lrkv-r16 = +0.167, against +0.188 at equal FLOPs
     pairs = pairwise.pair_table(committed("cpu-cache")).set_index(["view", "a", "b"])
     assert pairs.loc[("equal_tokens", "lrkv-r16", "mla-c224"), "diff_mean"] == pytest.approx(
