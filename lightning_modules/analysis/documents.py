@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = ("label", "seed", "split", "document", "tokens", "loss_sum")
+PER_DOCUMENT, TABLE, PAGE = "per_document.csv", "documents.csv", "documents.md"  # beside a study's ledger
 
 
 def document_ids(samples: np.ndarray, eot_id: int) -> np.ndarray:

@@ -24,13 +24,12 @@ import pandas as pd
 from tqdm import tqdm
 
 from lightning_modules.analysis.document_scores import score_documents
-from lightning_modules.analysis.documents import COLUMNS, pair_row
+from lightning_modules.analysis.documents import COLUMNS, PAGE, PER_DOCUMENT, TABLE, pair_row
 from lightning_modules.analysis.pairwise import EQUAL_FLOPS, EQUAL_FLOPS_VAL
 from lightning_modules.core import errors
 from lightning_modules.core.errors import ConfigError
 
 PROG = "python -m lightning_modules.study.documents"
-PER_DOCUMENT, TABLE, PAGE = "per_document.csv", "documents.csv", "documents.md"
 TOLERANCE = 1e-4  # nats: a checkpoint scored again must give its run's logged loss (fp32 both times)
 VIEWS = {"test": EQUAL_FLOPS, "val": EQUAL_FLOPS_VAL}  # pairs.csv's view of each split at the end of training
 Z95 = 1.959964

@@ -42,6 +42,7 @@ def readme(
     done: int,
     pairs: pd.DataFrame | None = None,
     pooled: pd.DataFrame | None = None,
+    documents: bool = False,
 ) -> str:
     """The page: the tables of report.write (lightning_modules/study/report.py), section by section."""
     lines = _header(protocol, uri, per_run, planned, done)
@@ -54,7 +55,7 @@ def readme(
         lines += pooled_section(pooled)
     lines += _to_target_sections(to_target)
     lines += _frontier_section(cache)
-    lines += _figures_section()
+    lines += _figures_section(documents)
     lines += runs_section(per_run)
     return "\n".join(lines)
 
@@ -406,7 +407,7 @@ def _frontier_section(cache: pd.DataFrame) -> list[str]:
     return ["## Cache frontier (final test CE against KV-cache bytes per token)", "", md_table(view), ""]
 
 
-def _figures_section() -> list[str]:
+def _figures_section(documents: bool = False) -> list[str]:
     return [
         "## Figures",
         "",
@@ -418,4 +419,12 @@ def _figures_section() -> list[str]:
         "",
         "Files: " + ", ".join(f"`{n}`" for n in FILES) + ".",
         "",
-    ]
+    ] + (
+        [
+            "How far the evaluation documents, not only the seeds, move each gap: `documents.md` (written by "
+            '`python -m lightning_modules.study.documents`, docs/statistics.md "Seeds and documents").',
+            "",
+        ]
+        if documents
+        else []
+    )

@@ -38,6 +38,7 @@ import pandas as pd  # noqa: E402
 
 from lightning_modules.analysis import curves, forest, frontier, pairwise, pooled, stats, tables, targets  # noqa: E402
 from lightning_modules.analysis import runs as tidy  # noqa: E402
+from lightning_modules.analysis.documents import PAGE as DOCUMENTS_PAGE  # noqa: E402
 from lightning_modules.analysis.errors import NoRunsError, StoreError  # noqa: E402
 from lightning_modules.analysis.runs import final_losses, load_runs  # noqa: E402
 from lightning_modules.analysis.store import sqlite_path  # noqa: E402
@@ -304,7 +305,8 @@ def write(
     planned = len(protocol.runs)
     done = len(per_run)  # done runs of the protocol's current identities, here or in the ledger
     tables = (arms, diffs, matched, to_target, cache, per_run)
-    page = readme(protocol, uri, *tables, planned, min(done, planned), pairs=pairs, pooled=pooled_pairs)
+    page = readme(protocol, uri, *tables, planned, min(done, planned), pairs=pairs, pooled=pooled_pairs,
+                  documents=(out / DOCUMENTS_PAGE).is_file())  # fmt: skip
     (out / "README.md").write_text(page)
     print(
         f"study {protocol.name}: {len(per_run)}/{planned} runs reported; tables, figures and README.md in {out}"

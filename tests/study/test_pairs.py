@@ -362,3 +362,11 @@ def test_the_report_of_the_committed_cpu_ledger_writes_pairs_pooled_and_the_fore
     assert "2 primary comparison(s) declared by the protocol" in page and "Pooled arm + seed model" in page
     runs = page[page.index("## Runs (one row per run") :]
     assert runs.count("| cpu-no-native-bf16 |") == 25  # every ledger run with the CPU kind it ran on
+    # the page points to the documents' page (python -m lightning_modules.study.documents) only once it exists
+    assert "documents.md" not in page
+    (out / "documents.md").write_text("# Seeds and documents\n")
+    report.write(protocol, f"sqlite:///{tmp_path / 'none.db'}", out, None, ROOT / "results/cpu")
+    assert (
+        "How far the evaluation documents, not only the seeds, move each gap: `documents.md`"
+        in (out / "README.md").read_text()
+    )
