@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from data.atomic import write_text_atomic
 from lightning_modules.analysis.document_scores import score_documents
 from lightning_modules.analysis.documents import COLUMNS, PAGE, PER_DOCUMENT, TABLE, pair_row
 from lightning_modules.analysis.pairwise import EQUAL_FLOPS, EQUAL_FLOPS_VAL
@@ -186,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         result = table(per_doc, pairs)
         out.mkdir(parents=True, exist_ok=True)
-        per_doc.sort_values(["label", "seed", "split", "document"]).to_csv(previous, index=False)
+        # the record that outlives the checkpoints: replaced whole or not at all
+        write_text_atomic(
+            previous, per_doc.sort_values(["label", "seed", "split", "document"]).to_csv(index=False)
+        )
         result.to_csv(out / TABLE, index=False)
         text = markdown(result)
         (out / PAGE).write_text(page(result, per_doc, args.ledger, sys.argv[1:] if argv is None else argv))
