@@ -6,7 +6,8 @@ checkpoint on this machine, and the document standard error of each pair beside 
 
 Reads the ledger (results/<protocol>/runs.csv, pairs.csv from `--report`) and the runs' final checkpoints (the
 runner's folders, <run name>-<run id[:8]>/last.ckpt). Only runs of the ledger whose checkpoint is at the run's
-last step count, and each must reproduce its ledger test loss to 1e-4 nats, or the command stops naming it.
+last step count, and each must reproduce its ledger test and last validation loss to 1e-4 nats, or the command
+stops naming it.
 Writes into the ledger folder (or --out) per_document.csv (one row per run, split and document: the record
 that outlives the checkpoints; a later call on another machine adds the runs it has and scores no run twice),
 documents.csv (one row per pair and split) and documents.md (the table), and prints the table.
@@ -24,11 +25,12 @@ import pandas as pd
 from tqdm import tqdm
 
 from data.atomic import write_text_atomic
-from lightning_modules.analysis.document_scores import score_documents
 from lightning_modules.analysis.documents import COLUMNS, PAGE, PER_DOCUMENT, TABLE, pair_row
 from lightning_modules.analysis.pairwise import EQUAL_FLOPS, EQUAL_FLOPS_VAL
 from lightning_modules.core import errors
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.generation.checkpoint import load_model
+from lightning_modules.study.document_scores import data_dir_of, score_documents
 
 PROG = "python -m lightning_modules.study.documents"
 TOLERANCE = 1e-4  # nats: a checkpoint scored again must give its run's logged loss (fp32 both times)
@@ -73,13 +75,16 @@ def score_new(
             if (run["label"], int(run["seed"])) not in have and (path := checkpoint_of(folder, run)) is not None]  # fmt: skip
     frames = [done]
     for run, path in todo:
-        with tqdm(desc=f"{run['run_name']}", unit="sample", file=sys.stderr, leave=False) as bar:
-            scored, step = score_documents(path, batch_size=batch_size, progress=bar.update)
-        if step < int(
-            run["steps"]
-        ):  # Lightning counts the step after the last: a final checkpoint has >= steps
+        model, checkpoint = load_model(path)  # the decoder as generation loads it: the same safe reader
+        step = int(checkpoint.get("global_step", -1))
+        # Lightning's global_step in a checkpoint written at the end is the run's steps or one more
+        if step < int(run["steps"]):
             print(f"skipped {run['run_name']}: {path} is at step {step} of {run['steps']}", file=sys.stderr)
             continue
+        with tqdm(desc=f"{run['run_name']}", unit="sample", file=sys.stderr, leave=False) as bar:
+            scored = score_documents(
+                model, data_dir_of(checkpoint, path), batch_size=batch_size, progress=bar.update
+            )
         check(scored, run, {"test": float(run["test_loss"]), "val": last_validation(evaluations, run["run_id"])},
               path)  # fmt: skip
         frames.append(scored.assign(label=run["label"], seed=int(run["seed"]))[list(COLUMNS)])

@@ -1,15 +1,16 @@
-"""The loss of every document of a split under one training checkpoint (analysis/documents.py uses them).
+"""The loss of every document of a split under one decoder (lightning_modules/analysis/documents.py uses them).
 
-The split is read in order through the training DataModule (data/datamodule.py), the decoder loaded as
-`python -m lightning_modules.generate` loads it (lightning_modules/generation/checkpoint.py), and every target
-token's cross-entropy is kept (in fp32, as the study's protocols train and evaluate): summed per document, the
-sums over all documents divided by the split's tokens is the run's logged test or validation loss.
+The split is read in order through the training DataModule (data/datamodule.py) and every target token's
+cross-entropy is kept (in fp32, as the study's protocols train and evaluate): summed per document, the sums over
+all documents divided by the split's tokens is the run's logged test or validation loss. The command
+(lightning_modules/study/documents.py) loads each decoder from its checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,6 @@ import torch.nn.functional as F
 from data.datamodule import ShardDataModule
 from lightning_modules.analysis.documents import document_ids, per_document
 from lightning_modules.core.errors import UserError
-from lightning_modules.generation.checkpoint import load_model
 
 LOADERS = {"test": ("test", "test_dataloader"), "val": ("validate", "val_dataloader")}
 
@@ -28,7 +28,8 @@ class ScoreError(UserError):
     """A checkpoint or data folder that cannot be scored; the message names it."""
 
 
-def data_dir_of(checkpoint: dict, path: Path) -> str:
+def data_dir_of(checkpoint: dict[str, Any], path: Path) -> str:
+    """The shards a training checkpoint's run read (its DataModule's hyper-parameters)."""
     try:
         return str(checkpoint["datamodule_hyper_parameters"]["data_dir"])
     except (KeyError, TypeError):
@@ -39,13 +40,11 @@ def data_dir_of(checkpoint: dict, path: Path) -> str:
 
 @torch.no_grad()
 def score_documents(
-    ckpt: Path, splits: tuple[str, ...] = ("test", "val"), batch_size: int = 16,
+    model: torch.nn.Module, data_dir: str, splits: tuple[str, ...] = ("test", "val"), batch_size: int = 16,
     progress: Callable[[int], None] | None = None,
-) -> tuple[pd.DataFrame, int]:  # fmt: skip
-    """Per document of each split: `split`, `document`, `tokens`, `loss_sum` (nats); and the checkpoint's
-    global step. `progress` is called with the number of samples of each batch scored."""
-    model, checkpoint = load_model(ckpt)
-    data_dir = data_dir_of(checkpoint, ckpt)
+) -> pd.DataFrame:  # fmt: skip
+    """Per document of each split: `split`, `document`, `tokens`, `loss_sum` (nats). `progress` is called with
+    the number of samples of each batch scored."""
     dm = ShardDataModule(data_dir, batch_size=batch_size, num_workers=0, verify="quick")
     frames = []
     for split in splits:
@@ -63,9 +62,8 @@ def score_documents(
                 progress(len(batch))
         if not samples:
             raise ScoreError(f"{data_dir}: the {split} split is empty; nothing to score")
-        stream = np.concatenate(samples)
-        table = per_document(np.concatenate(losses), document_ids(stream, dm.manifest.eot_id))
+        table = per_document(
+            np.concatenate(losses), document_ids(np.concatenate(samples), dm.manifest.eot_id)
+        )
         frames.append(table.assign(split=split))
-    return pd.concat(frames, ignore_index=True)[["split", "document", "tokens", "loss_sum"]], int(
-        checkpoint.get("global_step", -1)
-    )
+    return pd.concat(frames, ignore_index=True)[["split", "document", "tokens", "loss_sum"]]
