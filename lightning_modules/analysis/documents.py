@@ -12,8 +12,8 @@ for one arm (the same for every seed: what another set of documents would change
 difference is the token-weighted mean over documents, so the documents add alpha's variance times sum(w_j^2)
 (w_j: the document's share of the split's tokens). Two seeds of the same pair estimate alpha's variance without
 e's: their per-document differences share alpha and nothing else, so their weighted covariance over documents is
-alpha's variance (`doc_se`). One seed cannot separate them: the spread of its per-document differences holds alpha
-and e together (`doc_se_with_noise`, an upper bound of `doc_se`).
+alpha's variance (`doc_se`). One seed cannot separate them: the spread of the (seed-averaged) per-document
+differences holds alpha and e / S together (`doc_se_with_noise`: in expectation at least `doc_se`).
 """
 
 from __future__ import annotations
