@@ -285,35 +285,36 @@ def _pairs_view(rows: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _equal_tokens_text(part: pd.DataFrame) -> str:
+def _with_drops(text: str, part: pd.DataFrame, why: str) -> str:
+    """The view's sentence, and how many seed pairs it dropped and why."""
     dropped = int(part["n_dropped"].sum())
+    if dropped == 0:
+        return text
+    return (
+        text[:-1]
+        + f"; {dropped} of {dropped + int(part['n_pairs'].sum())} seed pairs were dropped because {why}."
+    )
+
+
+def _equal_tokens_text(part: pd.DataFrame) -> str:
     text = (
         "Equal tokens: each seed's pair is read at the smaller of the two runs' final token counts, on each run's "
         "validation curve interpolated linearly in tokens, never extrapolated"
     )
-    if dropped == 0:
+    if int(part["n_dropped"].sum()) == 0:
         return text + "; no pair was dropped."
-    total = dropped + int(part["n_pairs"].sum())
-    return (
-        text
-        + f"; {dropped} of {total} seed pairs were dropped because a run's last validation came before that "
-        "count (validate at the end of training to keep them)."
-    )
+    why = "a run's last validation came before that count (validate at the end of training to keep them)"
+    return _with_drops(text + ".", part, why)
 
 
 def _final_val_text(part: pd.DataFrame) -> str:
     text = (
         "Equal FLOPs on the validation split: each run's validation CE at its last step, on the split the "
         "equal-token view reads. From the equal-FLOP table to this one only the split changes; from this one to "
-        "the equal-token table only the token count does"
+        "the equal-token table only the token count does."
     )
-    dropped = int(part["n_dropped"].sum())
-    if dropped == 0:
-        return text + "."
-    total = dropped + int(part["n_pairs"].sum())
-    return text + (
-        f"; {dropped} of {total} seed pairs were dropped because a run did not validate at its last step "
-        "(recorded before fits validated there)."
+    return _with_drops(
+        text, part, "a run did not validate at its last step (recorded before fits validated there)"
     )
 
 
