@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DATA_DIR ?= artifacts/shakespeare
+# `make data SEQ_LEN=1024` builds the long-context shards (conf/data/shakespeare-1k.yaml) beside the default ones.
+SEQ_LEN ?= 256
+DATA_DIR ?= artifacts/shakespeare$(if $(filter-out 256,$(SEQ_LEN)),-$(SEQ_LEN:1024=1k))
 
 .PHONY: setup demo test lint data mlflow-ui costs bench litgpt sweep notebooks decode-bench study
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 data: $(STAMP)
-	test -f $(DATA_DIR)/manifest.json || $(PY) -m data.prepare --source shakespeare --out $(DATA_DIR)
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m data.prepare --source shakespeare --seq-len $(SEQ_LEN) --out $(DATA_DIR)
 
 # The main job: every attention at nano on one FLOPs budget (conf/budget/demo.yaml), tested, then a table.
 demo: data
@@ -32,10 +34,12 @@ sweep: data
 	$(PY) -m lightning_modules.compare --sizes $(SIZES) --seeds $(SEEDS)
 
 # A study protocol (conf/study/$(PROTOCOL).yaml): the runs not done yet (stop and rerun at any time: finished
-# runs are skipped, interrupted ones resume), then its tables and figures in results/$(PROTOCOL)/.
+# runs are skipped, interrupted ones resume), then its tables and figures in results/$(PROTOCOL)/. long-1k reads
+# the 1,024-token shards (conf/data/shakespeare-1k.yaml), built here beside the default ones.
 PROTOCOL ?= cpu
 WORKERS ?= 2
 study: data
+	test "$(PROTOCOL)" != long-1k || $(MAKE) data SEQ_LEN=1024
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report --readme README.md
 

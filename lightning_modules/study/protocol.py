@@ -136,15 +136,36 @@ def _resolve(path: str | Path, base: Path) -> Path:
     return p if p.is_absolute() else (base / p)
 
 
-def manifest_hash(data_dir: Path) -> str:
-    """sha256 of the data's manifest.json (which holds every shard's sha256): same hash, same data."""
+def manifest_hash(data_dir: Path, seq_len: int = 256) -> str:
+    """sha256 of the data's manifest.json (which holds every shard's sha256): same hash, same data.
+    `seq_len` (the protocol's sizes') only goes into the message that says how to build missing shards."""
     manifest = data_dir / "manifest.json"
     if not manifest.is_file():
         raise ConfigError(
-            f"data.data_dir={data_dir}: no manifest.json there; build the shards first (`make data`, or "
-            f"python -m data.prepare --out {data_dir} ...)"
+            f"data.data_dir={data_dir}: no manifest.json there; build the shards first (python -m data.prepare "
+            f"--seq-len {seq_len} --out {data_dir} ...; `make data` builds conf/data/shakespeare.yaml's, "
+            "`make data SEQ_LEN=1024` conf/data/shakespeare-1k.yaml's)"
         )
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def _seq_lens(models: dict[str, ModelConfig], fit: dict[str, Any]) -> dict[str, int]:
+    """The context each size trains at: its own, unless the protocol's `fit` sets model.arch.seq_len."""
+    override = fit.get("model.arch.seq_len")
+    return {size: int(override) if override is not None else m.seq_len for size, m in models.items()}
+
+
+def _check_seq_len(seq_lens: dict[str, int], data_dir: Path, where: str) -> None:
+    """Every size must train on samples of its own context: caught here, before a run is claimed, rather than
+    by each run's training command."""
+    shards = int(json.loads((data_dir / "manifest.json").read_text())["seq_len"])
+    for size, seq_len in seq_lens.items():
+        if seq_len != shards:
+            raise ConfigError(
+                f"{where}: size {size} reads {seq_len} tokens at a time but {data_dir} holds "
+                f"{shards}-token samples; point `data` at a fragment of {seq_len}-token shards "
+                f"(conf/data/shakespeare-1k.yaml holds 1,024) or pick a size of {shards} tokens"
+            )
 
 
 def _data_dir(fragment: Path) -> Path:
@@ -181,13 +202,18 @@ def load(path: str | Path) -> Protocol:
     budget = _budget(tree, where)
     fit = _fit(tree, where)
     every = _checkpoint_every(tree, where)
-    data_fragment, data_dir, data_hash = _data(tree, where)
+    if not tree["sizes"]:
+        raise ConfigError(f"{where}: `sizes` is empty; name at least one, e.g. sizes: {LISTS['sizes']}")
+    models = {str(size): load_model_config([fragment("model", str(size))])[0] for size in tree["sizes"]}
+    seq_lens = _seq_lens(models, fit)
+    data_fragment, data_dir, data_hash = _data(tree, where, next(iter(seq_lens.values())))
+    _check_seq_len(seq_lens, data_dir, where)
     shared = dict(budget=budget, data_fragment=data_fragment, data_dir=data_dir, data_hash=data_hash, fit=fit)
     arms = [_arm(raw, i, where) for i, raw in enumerate(tree["arms"])]
     runs: list[RunSpec] = []
     labels_by_size: dict[Any, list[str]] = {}
     for size in tree["sizes"]:
-        model, _ = load_model_config([fragment("model", str(size))])
+        model = models[str(size)]
         resolved = _resolve_arms(model, arms, size, where)
         labels_by_size[size] = [attention.label() for attention, _ in resolved]
         # Seed-major order: a study stopped half-way already holds complete seed pairs across arms.
@@ -336,13 +362,13 @@ def _comparisons(
     return tuple(pairs)
 
 
-def _data(tree: dict[str, Any], where: str) -> tuple[Path, Path, str]:
+def _data(tree: dict[str, Any], where: str, seq_len: int) -> tuple[Path, Path, str]:
     """The data fragment, the shards' folder it names and their manifest hash."""
     data_fragment = _resolve(tree["data"], ROOT)
     if not data_fragment.is_file():
         raise ConfigError(f"{where}: data fragment {data_fragment} does not exist")
     data_dir = _data_dir(data_fragment)
-    return data_fragment, data_dir, manifest_hash(data_dir)
+    return data_fragment, data_dir, manifest_hash(data_dir, seq_len)
 
 
 def _resolve_arms(
