@@ -39,7 +39,7 @@ sweep: data
 PROTOCOL ?= cpu
 WORKERS ?= 2
 study: data
-	test "$(PROTOCOL)" != long-1k || $(MAKE) data SEQ_LEN=1024
+	test "$(PROTOCOL)" != long-1k || $(MAKE) data SEQ_LEN=1024 DATA_DIR=artifacts/shakespeare-1k
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
 	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report --readme README.md
 
