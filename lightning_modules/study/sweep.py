@@ -10,7 +10,9 @@ ran: the mean final test CE and its 95 % t-interval in every column, the best co
 with the paired t-test's p and Holm's adjustment over all (arm, column) comparisons (docs/statistics.md).
 The question it answers: does any arm's best setting differ from the common one, beyond seed noise?
 Along the run, each column minus the reference on the validation curves (lightning_modules/study/sweep_curves.py).
-Writes sweep.csv, differences.csv, curves.csv and README.md into --out.
+Between arms, whether a gap (lrkv-r16 - mha, say) moves from the reference to a column: a difference of
+differences paired by seed (lightning_modules/study/sweep_gaps.py; --pairs names the family, default every pair).
+Writes sweep.csv, differences.csv, curves.csv, gaps.csv and README.md into --out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from lightning_modules.core import errors
 from lightning_modules.study.sweep_curves import curve_differences, curves_section
+from lightning_modules.study.sweep_gaps import gap_changes, gaps_section, parse_pairs
 from lightning_modules.study.sweep_table import Column, page, sweep
 
 PROG = "python -m lightning_modules.study.sweep"
@@ -40,20 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reference", required=True, help="the column the others are compared with")
     parser.add_argument(
-        "--out", type=Path, required=True, help="folder for sweep.csv, differences.csv, curves.csv, README.md"
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for sweep.csv, differences.csv, curves.csv, gaps.csv, README.md",
+    )
+    parser.add_argument(
+        "--pairs",
+        default=None,
+        help="A:B[,C:D...]: the gaps a - b whose change is tested (default: every pair)",
     )
     args = parser.parse_args(argv)
     try:
         table, differences = sweep(args.column, args.reference)
         curves = curve_differences(args.column, args.reference)
+        pairs = parse_pairs(args.pairs) if args.pairs is not None else None
+        gaps = gap_changes(args.column, args.reference, pairs)
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "sweep.csv", index=False)
         differences.to_csv(args.out / "differences.csv", index=False)
         curves.to_csv(args.out / "curves.csv", index=False)
+        gaps.to_csv(args.out / "gaps.csv", index=False)
         text = page(args.column, args.reference, table, differences)
-        (args.out / "README.md").write_text(
-            text + "".join(f"{line}\n" for line in curves_section(curves, args.reference))
-        )
+        sections = [*curves_section(curves, args.reference), *gaps_section(gaps, args.reference)]
+        (args.out / "README.md").write_text(text + "".join(f"{line}\n" for line in sections))
     except (errors.UserError, OSError) as e:
         errors.report(e, PROG)
         return 2

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from lightning_modules.study import sweep, sweep_curves, sweep_table
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.study import sweep, sweep_curves, sweep_gaps, sweep_table
 
 # mha: 0.5x beats 1x by 0.10, 0.12, 0.11 on seeds 1-3; lrkv: 0.5x is worse by 0.02, 0.00, 0.04
 LOSSES = {
@@ -125,3 +126,58 @@ def test_ledgers_without_evaluations_give_no_curves(tmp_path: Path) -> None:
         sweep_curves.curves_section(sweep_curves.curve_differences(columns(tmp_path / "b"), "one"), "one")
         == []
     )
+
+
+def test_a_gap_change_is_the_paired_difference_of_differences_with_holm(tmp_path: Path) -> None:
+    cols = columns(tmp_path)
+    gaps = sweep_gaps.gap_changes(cols, "one")
+    (row,) = gaps.to_dict("records")  # two arms: one pair, the later minus the earlier
+    assert (row["a"], row["b"], row["column"], row["n_pairs"]) == ("lrkv", "mha", "half", 3)
+    half, one = LOSSES["half"], LOSSES["one"]
+    gap_half = [half[("lrkv", s)] - half[("mha", s)] for s in (1, 2, 3)]  # +0.12, +0.00, +0.13
+    gap_one = [one[("lrkv", s)] - one[("mha", s)] for s in (1, 2, 3)]  # +0.00, -0.12, -0.02
+    assert row["gap_reference"] == pytest.approx(sum(gap_one) / 3)
+    assert row["gap_column"] == pytest.approx(sum(gap_half) / 3)
+    assert row["change"] == pytest.approx(sum(gap_half) / 3 - sum(gap_one) / 3)
+    assert row["p"] == pytest.approx(scipy.stats.ttest_rel(gap_half, gap_one).pvalue, rel=1e-9)
+    assert row["p_holm"] == pytest.approx(row["p"])  # one comparison
+
+
+def test_gap_changes_use_only_seeds_with_all_four_runs_and_the_declared_pairs(tmp_path: Path) -> None:
+    third = {("gqa", s): 5.0 + s / 100 for s in (1, 2, 3)}
+    ref = ledger(tmp_path / "ref", {**LOSSES["one"], **third})
+    # the column lacks lrkv seed 3 and shifts gqa by +0.05 on every seed: gqa - mha moves by exactly that
+    col_losses = {k: v for k, v in {**LOSSES["one"], **third}.items() if k != ("lrkv", 3)}
+    col_losses.update({k: v + 0.05 for k, v in third.items()})
+    col = ledger(tmp_path / "col", col_losses)
+    cols = [sweep.parse_column(f"ref={ref}"), sweep.parse_column(f"col={col}")]
+    gaps = sweep_gaps.gap_changes(cols, "ref").set_index(["a", "b"])
+    assert list(gaps.index) == [("lrkv", "mha"), ("gqa", "mha"), ("gqa", "lrkv")]
+    assert gaps.loc[("lrkv", "mha"), "seeds"] == "1, 2" and gaps.loc[("gqa", "mha"), "n_pairs"] == 3
+    assert gaps.loc[("lrkv", "mha"), "change"] == pytest.approx(0.0)
+    assert gaps.loc[("gqa", "mha"), "change"] == pytest.approx(0.05)
+    declared = sweep_gaps.gap_changes(cols, "ref", sweep_gaps.parse_pairs("mha:gqa"))
+    assert declared[["a", "b"]].values.tolist() == [["mha", "gqa"]]
+    assert (
+        declared["change"].iloc[0] == pytest.approx(-0.05)
+        and declared["p_holm"].iloc[0] == declared["p"].iloc[0]
+    )
+    with pytest.raises(ConfigError, match="did not run: nope"):
+        sweep_gaps.gap_changes(cols, "ref", [("nope", "mha")])
+    with pytest.raises(ConfigError, match="give A:B"):
+        sweep_gaps.parse_pairs("lrkv-r16")
+
+
+def test_the_sweep_page_has_the_gaps_and_bad_pairs_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cols = [f"--column={c.name}={c.folders[0]}" for c in columns(tmp_path)]
+    out = tmp_path / "out"
+    assert sweep.main([*cols, "--reference", "one", "--out", str(out)]) == 0
+    text = (out / "README.md").read_text()
+    assert "## Gaps between arms: each column against one" in text
+    assert "| lrkv - mha | half | 3 | -0.0467 | +0.0833 | +0.1300 [" in text
+    assert len(pd.read_csv(out / "gaps.csv")) == 1
+    assert sweep.main([*cols, "--reference", "one", "--out", str(out), "--pairs", "lrkv"]) == 2
+    err = capsys.readouterr().err
+    assert "--pairs lrkv: give A:B" in err and len(err.strip().splitlines()) == 1

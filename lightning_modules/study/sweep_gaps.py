@@ -1,0 +1,97 @@
+"""Whether a gap between two arms moves from the reference column to another (lightning_modules/study/sweep.py).
+
+The sweep's differences compare each arm with itself across columns (what the setting does to mha, to lrkv-r16,
+...). The question a setting such as the context length (conf/study/long-1k.yaml against main.yaml) raises is
+another: does lrkv-r16 - mha change? Per seed that ran all four cells, the change is (a - b in the column) -
+(a - b in the reference), a difference of differences; the paired t-test over seeds gives its interval and p,
+and Holm adjusts over every (pair, column) in the table. The pairs are every two arms the columns share, the
+later in the reference's order minus the earlier, or those given with --pairs (a declared family: the
+protocols' primary comparisons, say), read as written.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pandas as pd
+
+from lightning_modules.analysis.multiplicity import holm, paired_t
+from lightning_modules.core.errors import ConfigError
+from lightning_modules.study.formatting import md_table, signed
+from lightning_modules.study.summary import p_value
+from lightning_modules.study.sweep_table import Column, finals
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """`a:b,c:d` -> [(a, b), (c, d)]: each read as a - b."""
+    pairs = []
+    for item in text.split(","):
+        a, sep, b = item.partition(":")
+        if not sep or not a or not b or a == b:
+            raise ConfigError(
+                f"--pairs {text}: give A:B[,C:D...] of two different arm labels, e.g. lrkv-r16:mha"
+            )
+        pairs.append((a, b))
+    return pairs
+
+
+def gap_changes(
+    columns: list[Column], reference: str, pairs: list[tuple[str, str]] | None = None
+) -> pd.DataFrame:
+    """One row per (pair, column other than the reference): the gap a - b in both, seed-averaged over the seeds
+    that ran all four cells, and its change paired by seed with Holm over the table."""
+    losses = {c.name: finals(c) for c in columns}
+    if reference not in losses:
+        raise ConfigError(f"--reference {reference}: not one of the columns ({', '.join(losses)})")
+    ref = losses[reference]
+    labels = list(dict.fromkeys(ref.index.get_level_values(0)))
+    if pairs is None:
+        pairs = [(b, a) for a, b in combinations(labels, 2)]
+    unknown = sorted({x for pair in pairs for x in pair} - set(labels))
+    if unknown:
+        raise ConfigError(f"--pairs names arms the reference {reference} did not run: {', '.join(unknown)}")
+    rows = []
+    for name, table in losses.items():
+        if name == reference:
+            continue
+        for a, b in pairs:
+            cells = [
+                s[label] for s in (table, ref) for label in (a, b) if label in s.index.get_level_values(0)
+            ]
+            seeds = sorted(set.intersection(*(set(c.index) for c in cells))) if len(cells) == 4 else []
+            gap = {
+                key: [float(s[a][x] - s[b][x]) for x in seeds] for key, s in (("column", table), ("ref", ref))
+            }
+            t = paired_t([c - r for c, r in zip(gap["column"], gap["ref"], strict=True)])
+            rows.append({"a": a, "b": b, "column": name, "reference": reference, "n_pairs": len(seeds),
+                         "seeds": ", ".join(map(str, seeds)),
+                         "gap_reference": _mean(gap["ref"]), "gap_column": _mean(gap["column"]),
+                         "change": t.estimate, "ci_low": t.low, "ci_high": t.high, "p": t.p})  # fmt: skip
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out["p_holm"] = holm(list(out["p"]))
+        out["resolved"] = out["p_holm"] < 0.05
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def gaps_section(gaps: pd.DataFrame, reference: str) -> list[str]:
+    """The page's section: each gap in the reference and in the column, and its change with Holm's p."""
+    if gaps.empty:
+        return []
+    lines = ["", f"## Gaps between arms: each column against {reference}", "",
+             f"a - b in {reference} and in each column over the seeds that ran all four runs, and its change "
+             "(column minus reference, paired by seed: a difference of differences); Holm over all "
+             f"{len(gaps)} rows (lightning_modules/study/sweep_gaps.py).", ""]  # fmt: skip
+    rows = [
+        {"pair": f"{g['a']} - {g['b']}", "column": g["column"], "seeds": g["n_pairs"],
+         f"gap in {reference}": f"{g['gap_reference']:+.4f}", "gap in column": f"{g['gap_column']:+.4f}",
+         "change": signed(g["change"], g["ci_low"], g["ci_high"]), "p": p_value(g["p"]),
+         "Holm p": p_value(g["p_holm"]), "resolved": "yes" if g["resolved"] else "no"}
+        for _, g in gaps.iterrows()
+        if g["n_pairs"]
+    ]  # fmt: skip
+    return lines + md_table(pd.DataFrame(rows)).splitlines() if rows else []
