@@ -38,8 +38,8 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
 def gap_changes(
     columns: list[Column], reference: str, pairs: list[tuple[str, str]] | None = None
 ) -> pd.DataFrame:
-    """One row per (pair, column other than the reference): the gap a - b in both, seed-averaged over the seeds
-    that ran all four cells, and its change paired by seed with Holm over the table."""
+    """One row per (pair, column other than the reference) with a seed that ran all four runs: the gap a - b in
+    both, seed-averaged over those seeds, and its change paired by seed with Holm over the rows."""
     losses = {c.name: finals(c) for c in columns}
     if reference not in losses:
         raise ConfigError(f"--reference {reference}: not one of the columns ({', '.join(losses)})")
@@ -52,46 +52,47 @@ def gap_changes(
         raise ConfigError(f"--pairs names arms the reference {reference} did not run: {', '.join(unknown)}")
     rows = []
     for name, table in losses.items():
-        if name == reference:
-            continue
-        for a, b in pairs:
-            cells = [
-                s[label] for s in (table, ref) for label in (a, b) if label in s.index.get_level_values(0)
-            ]
-            seeds = sorted(set.intersection(*(set(c.index) for c in cells))) if len(cells) == 4 else []
-            gap = {
-                key: [float(s[a][x] - s[b][x]) for x in seeds] for key, s in (("column", table), ("ref", ref))
-            }
-            t = paired_t([c - r for c, r in zip(gap["column"], gap["ref"], strict=True)])
+        for a, b in pairs if name != reference else []:
+            seeds = _common_seeds([(s, label) for s in (table, ref) for label in (a, b)])
+            if not seeds:  # the column ran this pair on no seed the reference ran: nothing to compare
+                continue
+            gap_col = [float(table[a][x] - table[b][x]) for x in seeds]
+            gap_ref = [float(ref[a][x] - ref[b][x]) for x in seeds]
+            t = paired_t([c - r for c, r in zip(gap_col, gap_ref, strict=True)])
             rows.append({"a": a, "b": b, "column": name, "reference": reference, "n_pairs": len(seeds),
                          "seeds": ", ".join(map(str, seeds)),
-                         "gap_reference": _mean(gap["ref"]), "gap_column": _mean(gap["column"]),
+                         "gap_reference": sum(gap_ref) / len(seeds), "gap_column": sum(gap_col) / len(seeds),
                          "change": t.estimate, "ci_low": t.low, "ci_high": t.high, "p": t.p})  # fmt: skip
     out = pd.DataFrame(rows)
     if not out.empty:
-        out["p_holm"] = holm(list(out["p"]))
+        out["p_holm"] = holm(list(out["p"]))  # rows of one seed have no p and are not counted
         out["resolved"] = out["p_holm"] < 0.05
     return out
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+def _common_seeds(cells: list[tuple[pd.Series, str]]) -> list[int]:
+    """The seeds on which every (column's losses, arm) cell has a run; none if a cell's arm never ran."""
+    have = [
+        set(losses[label].index) if label in losses.index.get_level_values(0) else set()
+        for losses, label in cells
+    ]
+    return sorted(set.intersection(*have))
 
 
 def gaps_section(gaps: pd.DataFrame, reference: str) -> list[str]:
     """The page's section: each gap in the reference and in the column, and its change with Holm's p."""
     if gaps.empty:
         return []
+    tested = int(gaps["p"].notna().sum())
     lines = ["", f"## Gaps between arms: each column against {reference}", "",
              f"a - b in {reference} and in each column over the seeds that ran all four runs, and its change "
-             "(column minus reference, paired by seed: a difference of differences); Holm over all "
-             f"{len(gaps)} rows (lightning_modules/study/sweep_gaps.py).", ""]  # fmt: skip
+             "(column minus reference, paired by seed: a difference of differences); Holm over the rows "
+             f"with two seeds or more ({tested}; lightning_modules/study/sweep_gaps.py).", ""]  # fmt: skip
     rows = [
         {"pair": f"{g['a']} - {g['b']}", "column": g["column"], "seeds": g["n_pairs"],
          f"gap in {reference}": f"{g['gap_reference']:+.4f}", "gap in column": f"{g['gap_column']:+.4f}",
          "change": signed(g["change"], g["ci_low"], g["ci_high"]), "p": p_value(g["p"]),
          "Holm p": p_value(g["p_holm"]), "resolved": "yes" if g["resolved"] else "no"}
         for _, g in gaps.iterrows()
-        if g["n_pairs"]
     ]  # fmt: skip
-    return lines + md_table(pd.DataFrame(rows)).splitlines() if rows else []
+    return lines + md_table(pd.DataFrame(rows)).splitlines()

@@ -145,14 +145,15 @@ def test_a_gap_change_is_the_paired_difference_of_differences_with_holm(tmp_path
 
 def test_gap_changes_use_only_seeds_with_all_four_runs_and_the_declared_pairs(tmp_path: Path) -> None:
     third = {("gqa", s): 5.0 + s / 100 for s in (1, 2, 3)}
-    ref = ledger(tmp_path / "ref", {**LOSSES["one"], **third})
+    solo = {("solo", s): 5.3 for s in (1, 2, 3)}  # the reference alone ran it: no gap to compare
+    ref = ledger(tmp_path / "ref", {**LOSSES["one"], **third, **solo})
     # the column lacks lrkv seed 3 and shifts gqa by +0.05 on every seed: gqa - mha moves by exactly that
     col_losses = {k: v for k, v in {**LOSSES["one"], **third}.items() if k != ("lrkv", 3)}
     col_losses.update({k: v + 0.05 for k, v in third.items()})
     col = ledger(tmp_path / "col", col_losses)
     cols = [sweep.parse_column(f"ref={ref}"), sweep.parse_column(f"col={col}")]
     gaps = sweep_gaps.gap_changes(cols, "ref").set_index(["a", "b"])
-    assert list(gaps.index) == [("lrkv", "mha"), ("gqa", "mha"), ("gqa", "lrkv")]
+    assert list(gaps.index) == [("lrkv", "mha"), ("gqa", "mha"), ("gqa", "lrkv")]  # none with solo
     assert gaps.loc[("lrkv", "mha"), "seeds"] == "1, 2" and gaps.loc[("gqa", "mha"), "n_pairs"] == 3
     assert gaps.loc[("lrkv", "mha"), "change"] == pytest.approx(0.0)
     assert gaps.loc[("gqa", "mha"), "change"] == pytest.approx(0.05)
@@ -175,7 +176,7 @@ def test_the_sweep_page_has_the_gaps_and_bad_pairs_are_one_line(
     out = tmp_path / "out"
     assert sweep.main([*cols, "--reference", "one", "--out", str(out)]) == 0
     text = (out / "README.md").read_text()
-    assert "## Gaps between arms: each column against one" in text
+    assert "## Gaps between arms: each column against one" in text and "two seeds or more (1;" in text
     assert "| lrkv - mha | half | 3 | -0.0467 | +0.0833 | +0.1300 [" in text
     assert len(pd.read_csv(out / "gaps.csv")) == 1
     assert sweep.main([*cols, "--reference", "one", "--out", str(out), "--pairs", "lrkv"]) == 2
