@@ -158,7 +158,14 @@ def _seq_lens(models: dict[str, ModelConfig], fit: dict[str, Any]) -> dict[str, 
 def _check_seq_len(seq_lens: dict[str, int], data_dir: Path, where: str) -> None:
     """Every size must train on samples of its own context: caught here, before a run is claimed, rather than
     by each run's training command."""
-    shards = int(json.loads((data_dir / "manifest.json").read_text())["seq_len"])
+    manifest = data_dir / "manifest.json"
+    try:
+        shards = int(json.loads(manifest.read_text())["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{manifest}: no readable seq_len ({type(e).__name__}: {e}); rebuild the shards (python -m "
+            f"data.prepare ... --out {data_dir}) or check them with python -m data.verify {data_dir}"
+        ) from e
     for size, seq_len in seq_lens.items():
         if seq_len != shards:
             raise ConfigError(

@@ -111,3 +111,16 @@ def test_a_size_whose_context_differs_from_the_shards_is_refused(tiny_shards: Pa
         ConfigError, match=r"size nano reads 256 tokens at a time but .* holds 32-token samples"
     ):
         protocols.load(path)
+
+
+def test_a_manifest_without_a_readable_context_is_one_error(tiny_shards: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text('{"splits": {}}')
+    path = micro_protocol(tmp_path, tiny_shards)
+    path.write_text(
+        path.read_text().replace(f"data: {tmp_path / 'data.yaml'}", f"data: {tmp_path / 'b.yaml'}")
+    )
+    (tmp_path / "b.yaml").write_text(f"data:\n  data_dir: {broken}\n")
+    with pytest.raises(ConfigError, match=r"manifest.json: no readable seq_len \(KeyError"):
+        protocols.load(path)
