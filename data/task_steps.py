@@ -35,7 +35,7 @@ class ReadDocuments(PipelineStep):
 
     def __init__(
         self, files: Sequence[str], options: SourceOptions, val_frac: float, test_frac: float, work: str
-    ):
+    ) -> None:
         super().__init__()
         self.files, self.options, self.work = list(files), options, work
         self.val_frac, self.test_frac = val_frac, test_frac
@@ -84,7 +84,7 @@ class PackShards(PipelineStep):
         shard_samples: int,
         eot_token: str,
         threads: int | None,
-    ):
+    ) -> None:
         super().__init__()
         self.work, self.files, self.seq_len = work, list(files), seq_len
         self.shard_samples, self.eot_token, self.threads = shard_samples, eot_token, threads
@@ -153,7 +153,7 @@ class MergeStep(PipelineStep):
     type = "🔗 - MERGE"
     name = "lrkv manifest"
 
-    def __init__(self, work: str, out: str):
+    def __init__(self, work: str, out: str) -> None:
         super().__init__()
         self.work, self.out = work, out
 

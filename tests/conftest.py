@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Triton kernels run through Triton's interpreter on a machine without a GPU (tests/kernels/). Triton reads the
 # variable when its own library is first imported, which importing lightning or torch.compile already does.
@@ -14,6 +15,9 @@ if not Path("/dev/nvidiactl").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.mlflow_server import MlflowServer
 
 TINY_SEQ_LEN = 32
 
@@ -78,7 +82,7 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_at: Callab
 
 
 @pytest.fixture(scope="session")
-def _mlflow_server_process(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def _mlflow_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     from tests.mlflow_server import MlflowServer
 
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
@@ -88,7 +92,9 @@ def _mlflow_server_process(tmp_path_factory: pytest.TempPathFactory):  # type: i
 
 
 @pytest.fixture
-def mlflow_server(_mlflow_server_process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def mlflow_server(
+    _mlflow_server_process: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> MlflowServer:
     """A real `mlflow server` (SQLite backend, 127.0.0.1, a free port) shared by the session, running when
     the test starts (a test may kill and restart it); runs in tmp_path with MLFLOW_TRACKING_URI set to it."""
     _mlflow_server_process.ensure_running()

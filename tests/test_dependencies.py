@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +96,7 @@ def test_every_folder_imports_only_what_the_rule_allows() -> None:
     assert not violations(EDGES), "\n".join(violations(EDGES))
 
 
-def test_the_rule_fails_when_the_model_imports_lightning(tmp_path) -> None:
+def test_the_rule_fails_when_the_model_imports_lightning(tmp_path: Path) -> None:
     """The check can fail: a model/ module that imports Lightning, or the tracking store, is reported."""
     bad = tmp_path / "transformer.py"
     bad.write_text("import lightning as L\nfrom lightning_modules.tracking import store\n")

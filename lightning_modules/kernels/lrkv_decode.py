@@ -33,7 +33,7 @@ def _partial(
     HP: tl.constexpr, HALF: tl.constexpr, DHP: tl.constexpr, RP: tl.constexpr,
     BLOCK_S: tl.constexpr, PER_SPLIT: tl.constexpr, HAS_SIGMA: tl.constexpr, PRECISION: tl.constexpr,
     DOT: tl.constexpr,
-):  # fmt: skip
+) -> None:  # fmt: skip
     b = tl.program_id(0)
     split = tl.program_id(1)
     n_split = tl.num_programs(1)

@@ -22,7 +22,7 @@ def _partial(
     length, scale_log2e, s_b, s_s,
     DC: tl.constexpr, DR: tl.constexpr, HP: tl.constexpr, DCP: tl.constexpr, DRP: tl.constexpr,
     BLOCK_S: tl.constexpr, PER_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
+) -> None:  # fmt: skip
     b = tl.program_id(0)
     split = tl.program_id(1)
     n_split = tl.num_programs(1)

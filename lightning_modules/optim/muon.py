@@ -241,7 +241,7 @@ class MuonAdamW(Optimizer):
         return [torch.Size((r, p.shape[1])) for r in rows] if rows else [p.shape]
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[no-untyped-def]
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -70,7 +70,7 @@ class Stopped(BaseException):
 
     def __init__(
         self, signum: int, step: int | None = None, checkpoint: str | None = None, at_once: bool = False
-    ):
+    ) -> None:
         self.signum, self.step, self.checkpoint, self.at_once = signum, step, checkpoint, at_once
         super().__init__(self.message())
 

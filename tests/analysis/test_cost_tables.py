@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from lightning_modules.analysis import paper
@@ -12,17 +13,17 @@ from lightning_modules.model.attention import names
 
 
 @pytest.fixture(scope="module")
-def table():
+def table() -> pd.DataFrame:
     return costs_beside_paper()
 
 
-def test_every_paper_size_and_attention(table) -> None:
+def test_every_paper_size_and_attention(table: pd.DataFrame) -> None:
     assert len(table) == 5 * 5
     assert list(table["size"].drop_duplicates()) == ["128m", "1b", "2.5b", "6.3b", "long-8k"]
     assert list(table["attention"][:5]) == list(names())
 
 
-def test_lrkv_cache_matches_the_paper_and_losses_are_its(table) -> None:
+def test_lrkv_cache_matches_the_paper_and_losses_are_its(table: pd.DataFrame) -> None:
     lrkv = table[table["attention"] == "lrkv"].set_index("size")
     for size, printed in paper.LRKV_CACHE_VS_MHA.items():
         assert lrkv.loc[size, "paper_kv_cache_vs_mha"] == printed
@@ -45,7 +46,7 @@ def test_sweeps_match_the_printed_fractions() -> None:
     assert diff.max() < 5e-4
 
 
-def test_flops_implied_by_the_paper_totals(table) -> None:
+def test_flops_implied_by_the_paper_totals(table: pd.DataFrame) -> None:
     flops = flops_beside_paper(table).set_index("size")
     assert flops.loc["128m", "paper_implied_flops_per_token"] == pytest.approx(70e18 / 100e9)
     ours = table[(table["size"] == "128m") & (table["attention"] == "mha")]["train_flops_per_token"].item()

@@ -7,8 +7,11 @@ import math
 import matplotlib
 import pandas as pd
 import pytest
+from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from lightning_modules.analysis.curves import mean_curves, plot_loss_curves
 from lightning_modules.analysis.runs import load_runs
@@ -40,7 +43,7 @@ def test_mean_curves_average_seeds_at_each_evaluation(runs: pd.DataFrame) -> Non
     assert math.isnan(single[single["size"] == "nano"]["loss_ci_low"].iloc[0])
 
 
-def panel_lines(fig, title: str) -> dict[str, object]:
+def panel_lines(fig: Figure, title: str) -> tuple[Axes, dict[str, Line2D]]:
     ax = next(a for a in fig.axes if a.get_title() == title)
     return ax, {line.get_label().split(" ")[0]: line for line in ax.get_lines()}
 

@@ -6,6 +6,7 @@ import math
 
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
@@ -36,11 +37,11 @@ def test_pareto_ties_and_equal_cost() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(synthetic_store: str):
+def runs(synthetic_store: str) -> pd.DataFrame:
     return load_runs(synthetic_store)
 
 
-def test_frontier_of_the_synthetic_store(runs) -> None:
+def test_frontier_of_the_synthetic_store(runs: pd.DataFrame) -> None:
     frontier = cache_frontier(runs)
     nano = frontier[frontier["size"] == "nano"]
     # Sorted by cache within a size; sizes in the fixed order.
@@ -53,7 +54,7 @@ def test_frontier_of_the_synthetic_store(runs) -> None:
     assert list(big.loc[big["pareto"], "label"]) == ["mqa", "mla-c128", "lrkv-r16"]
 
 
-def test_frontier_losses_are_the_seed_means_of_the_test_loss(runs) -> None:
+def test_frontier_losses_are_the_seed_means_of_the_test_loss(runs: pd.DataFrame) -> None:
     frontier = cache_frontier(runs).set_index(["size", "label"])
     tokens = synthetic.EVAL_STEPS["nano"][-1] * synthetic.TOKENS_PER_STEP["nano"]
     # Two seeds with opposite noise: the mean is the noise-free curve; one seed keeps its noise.
@@ -67,14 +68,14 @@ def test_frontier_losses_are_the_seed_means_of_the_test_loss(runs) -> None:
     assert mha["kv_cache_bytes_per_token"] == 2048 and mha["kv_cache_vs_mha"] == 1.0
 
 
-def test_frontier_needs_cache_costs(runs) -> None:
+def test_frontier_needs_cache_costs(runs: pd.DataFrame) -> None:
     broken = runs.copy()
     broken.loc[broken["label"] == "mqa", "kv_cache_bytes_per_token"] = math.nan
     with pytest.raises(MissingMetricsError, match="kv_cache_bytes_per_token"):
         cache_frontier(broken)
 
 
-def test_frontier_refuses_one_label_with_two_caches(runs) -> None:
+def test_frontier_refuses_one_label_with_two_caches(runs: pd.DataFrame) -> None:
     broken = runs.copy()
     broken.loc[(broken["label"] == "mqa") & (broken["seed"] == 8), "kv_cache_bytes_per_token"] = 1.0
     with pytest.raises(MissingMetricsError, match="different KV-cache"):
@@ -95,7 +96,7 @@ def test_paper_frontier_reproduces_the_printed_cache_fractions() -> None:
     assert optimal == ["mla-c128", "mla-c192", "mla-c384", "lrkv-r46", "lrkv-r64", "lrkv-r128"]
 
 
-def test_each_label_sits_at_its_own_point_in_its_colour(runs) -> None:
+def test_each_label_sits_at_its_own_point_in_its_colour(runs: pd.DataFrame) -> None:
     frontier = cache_frontier(runs)
     fig = plot_cache_frontier(frontier)
     ax = next(a for a in fig.axes if a.get_title() == "nano")

@@ -63,12 +63,12 @@ def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return out, outcomes
 
 
-def test_every_notebook_runs_against_the_store(executed) -> None:
+def test_every_notebook_runs_against_the_store(executed: tuple[Path, list[runner.Outcome]]) -> None:
     _, outcomes = executed
     assert [(o.name, o.status, o.message) for o in outcomes] == [(n, "ok", "") for n, _ in runner.NOTEBOOKS]
 
 
-def test_figures_are_pngs_named_by_their_axis(executed) -> None:
+def test_figures_are_pngs_named_by_their_axis(executed: tuple[Path, list[runner.Outcome]]) -> None:
     out, _ = executed
     names = {p.name for p in out.glob("*.png")}
     assert {"loss_vs_tokens.png", "loss_vs_flops.png", "cache_frontier.png", "costs_per_size.png"} <= names
@@ -79,7 +79,9 @@ def test_figures_are_pngs_named_by_their_axis(executed) -> None:
     assert sorted(p.name for p in (out / "executed").glob("*.ipynb")) == sorted(p.name for p in NOTEBOOKS)
 
 
-def test_notebook_tables_come_from_the_store_they_were_given(executed, store: str) -> None:
+def test_notebook_tables_come_from_the_store_they_were_given(
+    executed: tuple[Path, list[runner.Outcome]], store: str
+) -> None:
     out, _ = executed
     written = pd.read_csv(out / "tokens_to_target.csv")
     expected = tokens_to_target(load_runs(store))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from lightning_modules.analysis.stats import mean_ci
@@ -22,7 +23,7 @@ def line(slope: float) -> list[tuple[float, float]]:
     return [(x, 4.0 - slope * x / 1000) for x in XS]
 
 
-def straight_runs(extra: dict | None = None, flops: dict[str, float] | None = None):
+def straight_runs(extra: dict | None = None, flops: dict[str, float] | None = None) -> pd.DataFrame:
     # mha ends at 4 - 2 = 2.0. lrkv falls faster: seed 7 reaches 2.0 at 2 / 2.4 x 1000 = 833.33 tokens
     # (between the evaluations at 800 and 900), seed 8 at 2 / 2.5 x 1000 = 800 (exactly at one).
     curves = {

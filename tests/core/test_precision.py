@@ -10,7 +10,7 @@ import torch
 
 from lightning_modules.core import precision
 from lightning_modules.core.precision import BF16, FP32, Hardware, choose
-from lightning_modules.training.cli import main
+from lightning_modules.training.cli import LanguageModelCLI, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def test_detect_on_this_machine_matches_torch() -> None:
     assert hardware.name
 
 
-def _cli(tiny_shards: Path, *extra: str):  # type: ignore[no-untyped-def]
+def _cli(tiny_shards: Path, *extra: str) -> LanguageModelCLI:
     args = [
         "--config", str(ROOT / "conf/base.yaml"),
         "--config", str(ROOT / "conf/model/nano.yaml"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,7 +117,7 @@ def test_cli_config_fragments_select_one_row(capsys: pytest.CaptureFixture[str])
     assert (row["size"], row["label"]) == ("128m", "lrkv-r46")
 
 
-def test_cli_table_and_bad_config(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+def test_cli_table_and_bad_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert costs_main([]) == 0
     out = capsys.readouterr().out
     assert "lrkv-r46" in out and "52.6%" in out

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from data.distributed_prepare import prepare_distributed
@@ -120,7 +121,7 @@ def test_lock_refuses_a_holder_and_is_taken_over_after_one_died(tmp_path: Path) 
 class FailInSecondTask(PipelineStep):
     name = type = "fail"
 
-    def run(self, data, rank: int = 0, world_size: int = 1):  # type: ignore[no-untyped-def]
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for document in data:
             if rank == 1:
                 raise RuntimeError("stopped by the test")

@@ -46,7 +46,14 @@ def flash(monkeypatch: pytest.MonkeyPatch) -> FakeFlash:
     return fake
 
 
-def qkv(H: int = 4, G: int = 2, d: int = 16, d_v: int | None = None, T: int = 8, dtype=torch.bfloat16):  # type: ignore[no-untyped-def]
+def qkv(
+    H: int = 4,
+    G: int = 2,
+    d: int = 16,
+    d_v: int | None = None,
+    T: int = 8,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[Tensor, Tensor, Tensor]:
     torch.manual_seed(0)
     return (
         torch.randn(2, H, T, d, dtype=dtype),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.costs import counts as costs
@@ -41,7 +42,7 @@ def args(subcommand: str, shards: Path, kind: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def only_run(uri: str):  # type: ignore[no-untyped-def]
+def only_run(uri: str) -> tuple[MlflowClient, Run]:
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("lrkv-lab").experiment_id])
     assert len(runs) == 1
