@@ -17,6 +17,7 @@ from lightning_modules.analysis.targets import tokens_to_target
 
 NOTEBOOKS = sorted(runner.NOTEBOOK_DIR.glob("*.ipynb"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+Executed = tuple[Path, list[runner.Outcome]]  # the figures folder and each notebook's outcome
 
 
 def code_cells(path: Path) -> list[nbformat.NotebookNode]:
@@ -55,7 +56,7 @@ def store(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[runner.Outcome]]:
+def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> Executed:
     out = tmp_path_factory.mktemp("figures")
     before = {p: p.read_bytes() for p in NOTEBOOKS}
     outcomes = runner.run_notebooks(store, out, log=lambda _: None)
@@ -63,12 +64,12 @@ def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return out, outcomes
 
 
-def test_every_notebook_runs_against_the_store(executed: tuple[Path, list[runner.Outcome]]) -> None:
+def test_every_notebook_runs_against_the_store(executed: Executed) -> None:
     _, outcomes = executed
     assert [(o.name, o.status, o.message) for o in outcomes] == [(n, "ok", "") for n, _ in runner.NOTEBOOKS]
 
 
-def test_figures_are_pngs_named_by_their_axis(executed: tuple[Path, list[runner.Outcome]]) -> None:
+def test_figures_are_pngs_named_by_their_axis(executed: Executed) -> None:
     out, _ = executed
     names = {p.name for p in out.glob("*.png")}
     assert {"loss_vs_tokens.png", "loss_vs_flops.png", "cache_frontier.png", "costs_per_size.png"} <= names
@@ -79,9 +80,7 @@ def test_figures_are_pngs_named_by_their_axis(executed: tuple[Path, list[runner.
     assert sorted(p.name for p in (out / "executed").glob("*.ipynb")) == sorted(p.name for p in NOTEBOOKS)
 
 
-def test_notebook_tables_come_from_the_store_they_were_given(
-    executed: tuple[Path, list[runner.Outcome]], store: str
-) -> None:
+def test_notebook_tables_come_from_the_store_they_were_given(executed: Executed, store: str) -> None:
     out, _ = executed
     written = pd.read_csv(out / "tokens_to_target.csv")
     expected = tokens_to_target(load_runs(store))
