@@ -192,7 +192,8 @@ def resolution(diffs: pd.DataFrame) -> str:
     if half.dropna().empty:
         return "One seed pair per arm: no interval, so no gap is resolved."
     sd = diffs["loss_diff_sd"].dropna()
-    n = int(diffs["n_pairs"].min())
+    low, high = int(diffs["n_pairs"].min()), int(diffs["n_pairs"].max())
+    n = str(low) if low == high else f"{low}-{high}"  # arms part-way through a seed have fewer pairs
     return (
         f"Seed noise: the standard deviation of a paired difference over seeds is {sd.min():.4f}-{sd.max():.4f} "
         f"nats, so with {n} pairs a gap is resolved when it exceeds the 95 % half-width "

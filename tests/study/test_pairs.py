@@ -279,6 +279,14 @@ def test_the_front_page_block_of_an_older_table_is_unchanged_and_a_new_one_shows
     assert "| Holm p | resolved |" in summary.block("x", arms, diffs, pd.DataFrame())
 
 
+def test_seed_noise_names_the_range_of_pair_counts_when_an_arm_is_a_seed_short() -> None:
+    runs = three_arms()
+    full = readme.resolution(report.paired_differences(runs))
+    assert "so with 4 pairs a gap" in full
+    short = runs[~((runs["label"] == "gqa-g2") & (runs["seed"] == 4))]  # gqa-g2 has 3 seeds, lrkv-r16 4
+    assert "so with 3-4 pairs a gap" in readme.resolution(report.paired_differences(short))
+
+
 # ----- the committed CPU studies ----------------------------------------------------------------------------
 def committed(name: str) -> pd.DataFrame:
     return pd.read_csv(ROOT / "results" / name / "evaluations.csv")
