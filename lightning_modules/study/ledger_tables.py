@@ -21,7 +21,7 @@ from lightning_modules.study.protocol import Protocol
 # Read as written: pandas' type guessing turns a resume step "600" in a mostly blank column into 600.0, which the
 # next report would write into the ledger, and would read a commit or data hash of digits and one "e" as a float.
 TEXT_COLUMNS = (IDENTITY, "data", "run_id", "git_commit", "machine", "device", "hardware", "command",
-                "resumed_from_step", "settings")  # fmt: skip
+                "resumed_from_step", "resumed_utc", "settings")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ DEFAULT_EXPERIMENT = "lrkv-study"
 # Set by the runner for every run; a protocol's `fit` settings may not touch them.
 RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir", "trainer.logger")
 TAG = "study."  # prefix of the tags the runner adds to the training module's own (tracking/runs.py run_tags)
+# UTC time a resumed or restarted run's last attempt began (runner.py); its wall time from there is that attempt's
+RESUMED_UTC = TAG + "resumed_utc"
 
 
 @dataclass(frozen=True)

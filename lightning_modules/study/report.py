@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -46,9 +47,12 @@ from lightning_modules.costs.counts import BASELINE  # noqa: E402
 from lightning_modules.study import ledger_tables, summary  # noqa: E402
 from lightning_modules.study.ledger import IDENTITY, default_folder  # noqa: E402
 from lightning_modules.study.ledger_tables import LedgerTables  # noqa: E402
-from lightning_modules.study.protocol import ROOT, TAG, Protocol  # noqa: E402
+from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, Protocol  # noqa: E402
 from lightning_modules.study.readme import readme  # noqa: E402
 from lightning_modules.study.store import Store  # noqa: E402
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 
 def load(protocol: Protocol, uri: str, ledger: LedgerTables | None = None) -> pd.DataFrame:
@@ -236,7 +240,24 @@ def _with_store(table: pd.DataFrame, store: Store) -> pd.DataFrame:
         infos[i].data.tags.get(TAG + "resumed_from_step", "") for i in table["run_id"]
     ]
     table["settings"] = [infos[i].data.tags.get(TAG + "settings", "") for i in table["run_id"]]
+    table["resumed_utc"] = [infos[i].data.tags.get(RESUMED_UTC, "") for i in table["run_id"]]
+    table["last_attempt_s"] = [last_attempt_s(infos[i]) for i in table["run_id"]]
     return table
+
+
+def last_attempt_s(run: Run) -> float:
+    """Seconds from the start of the attempt that finished the run to its end: the whole run when it was never
+    stopped, the resumed or restarted part when it was (runner.py's RESUMED_UTC), NaN while it has not ended."""
+    end = run.info.end_time
+    if not end:
+        return math.nan
+    resumed = run.data.tags.get(RESUMED_UTC, "")
+    if resumed:
+        began = dt.datetime.strptime(resumed, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+        return end / 1000 - began.timestamp()
+    if run.data.tags.get(TAG + "resumed_from_step", ""):  # stopped and resumed before the tag was recorded
+        return math.nan
+    return (end - run.info.start_time) / 1000
 
 
 def _has_run(store: Store, run_id: str) -> bool:

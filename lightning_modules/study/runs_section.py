@@ -38,6 +38,7 @@ def runs_section(per_run: pd.DataFrame) -> list[str]:
             "CPU kind": _column(order, "hardware"),
             "commit": order["git_commit"].map(_commit),
             "resumed from step": _column(order, "resumed_from_step").map(_step),
+            "min from resume": _resumed_minutes(order),
         }
     )
     return [
@@ -45,7 +46,9 @@ def runs_section(per_run: pd.DataFrame) -> list[str]:
         "",
         "Wall minutes are the run's start to end on its machine, not its cost alone: other jobs may have shared "
         "the machine. A run resumed from a checkpoint names the step it resumed from; 0 is a run restarted from "
-        "the beginning (no checkpoint where it was taken over), whose wall time still counts from its first claim.",
+        "the beginning (no checkpoint where it was taken over), whose wall time still counts from its first claim; "
+        "the minutes from its resume to its end (the attempt that finished it) follow, where the run recorded when "
+        "that attempt began.",
         "",
         md_table(view),
         "",
@@ -57,6 +60,14 @@ def _column(table: pd.DataFrame, name: str) -> pd.Series:
     if name not in table:
         return pd.Series("", index=table.index)
     return table[name].map(lambda v: "" if pd.isna(v) else str(v))
+
+
+def _resumed_minutes(table: pd.DataFrame) -> pd.Series:
+    """The last attempt's minutes for a resumed or restarted run (report.py's last_attempt_s), blank for a run
+    never stopped (its wall minutes say it all) and for one resumed before the runner recorded the resume time."""
+    resumed = _column(table, "resumed_from_step") != ""
+    seconds = table.get("last_attempt_s", pd.Series(math.nan, index=table.index))
+    return seconds.where(resumed, math.nan).map(_minutes)
 
 
 def _count(value: float) -> str:

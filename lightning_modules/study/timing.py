@@ -7,11 +7,12 @@ one: the same CPU model, the same CPU kind (lightning_modules/core/precision.py:
 without native bf16, and the main study's fp32 runs take about 1.5x longer on the kind without) and the same
 number of workers (they share the cores). Failing that, the longest such run of any arm of that size (arms of
 one FLOP budget differ in wall time by a few tens of per cent at most); failing that, nothing is known. A run
-resumed after an interruption, or restarted from step 0 (runner.py), is left out: its wall time includes the
-pause.
+resumed after an interruption is left out: its wall time includes the pause, and its last attempt trained only
+part of it. A run restarted from step 0 (runner.py) counts with its last attempt's time (last_attempt_s,
+report.py), which trained all of it; one restarted before the runner recorded that is left out.
 
 Done runs come from the committed ledger (results/<protocol>/runs.csv: machine, hardware, command, duration_s,
-resumed_from_step); the runner adds the runs it finishes itself as it goes. A run that resumes from a
+resumed_from_step, last_attempt_s); the runner adds the runs it finishes itself as it goes. A run that resumes from a
 checkpoint is timed as a whole one, so its estimate errs long, on the side of not cutting a run off.
 """
 
@@ -66,10 +67,10 @@ def from_ledger(folder: Path) -> list[Done]:
         rows = list(csv.DictReader(f))
     done = []
     for row in rows:
-        seconds = _number(row.get("duration_s"))
         if not finished(row):
             continue
-        if not (math.isfinite(seconds) and seconds > 0) or (row.get("resumed_from_step") or "").strip():
+        seconds = _whole_run_seconds(row)
+        if not (math.isfinite(seconds) and seconds > 0):
             continue
         if not row.get("machine") or not row.get("hardware"):
             continue
@@ -88,6 +89,16 @@ def expect(done: list[Done], size: str, label: str, machine: Machine) -> Estimat
     if alike:
         return Estimate(max(d.seconds for d in alike), f"the longest of {len(alike)} {size} run(s) here")
     return None
+
+
+def _whole_run_seconds(row: dict[str, str]) -> float:
+    """The wall time of an attempt that trained the whole run (module docstring), NaN where there is none."""
+    resumed = (row.get("resumed_from_step") or "").strip()
+    if not resumed:
+        return _number(row.get("duration_s"))
+    if _number(resumed) == 0:
+        return _number(row.get("last_attempt_s"))
+    return math.nan
 
 
 def _number(text: str | None) -> float:

@@ -230,6 +230,8 @@ def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_restarts_the_run_
     # (The sha only: another test may write into the tree meanwhile and flip "-dirty".)
     assert done.data.tags["git_commit"].partition("-")[0] == git_commit().partition("-")[0] != "0000000"
     assert done.data.tags["study.resumed_from_step"] == "0"
+    first_claim = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(done.info.start_time / 1000))
+    assert done.data.tags["study.resumed_utc"] >= first_claim  # when the restart began, after the first claim
 
 
 @pytest.mark.slow

@@ -34,9 +34,9 @@ def test_runs_are_listed_in_start_order_with_unknown_starts_last() -> None:
     assert [r[2] for r in body] == ["mha", "lrkv-r16", "gqa-g2"]
     first, second, last = body
     assert first == ["2026-12-02 16:03:54", "5m", "mha", "1", "3.6979", "9,996,288", "4,880", "46.8",
-                     "AMD EPYC, 2 cores", "cpu-native-bf16", "d119b8c", ""]  # fmt: skip
+                     "AMD EPYC, 2 cores", "cpu-native-bf16", "d119b8c", "", ""]  # fmt: skip
     assert second[10] == "f3f0ae2-dirty"  # a run from a modified tree stays marked as one
-    assert last[0] == "unknown" and last[7] == "" and last[8] == "" and last[11] == "200"
+    assert last[0] == "unknown" and last[7] == "" and last[8] == "" and last[11] == "200" and last[12] == ""
 
 
 def test_a_ledger_without_store_columns_still_lists_its_runs() -> None:
@@ -48,3 +48,19 @@ def test_a_ledger_without_store_columns_still_lists_its_runs() -> None:
 
 def test_no_runs_no_section() -> None:
     assert runs_section(pd.DataFrame(columns=list(_row()))) == []
+
+
+def test_a_resumed_run_gives_its_last_attempt_and_a_whole_run_does_not() -> None:
+    per_run = pd.DataFrame([
+        _row(duration_s=5124.0, resumed_from_step="0", last_attempt_s=3408.0),  # restarted: 85.4 min from the claim
+        _row(label="gqa-g2", start_utc="2026-12-02 17:00:00", resumed_from_step="1200", last_attempt_s=1500.0),
+        _row(label="mqa", start_utc="2026-12-02 18:00:00", last_attempt_s=2805.3),  # never stopped: no repeat
+        _row(label="mla-c224", start_utc="2026-12-02 19:00:00", resumed_from_step="600", last_attempt_s=math.nan),
+    ])  # fmt: skip
+    body = _body(runs_section(per_run))
+    assert [(r[2], r[7], r[11], r[12]) for r in body] == [
+        ("mha", "85.4", "0", "56.8"),
+        ("gqa-g2", "46.8", "1,200", "25.0"),
+        ("mqa", "46.8", "", ""),
+        ("mla-c224", "46.8", "600", ""),  # resumed before the resume time was recorded: unknown, not made up
+    ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import protocol as protocols
 from lightning_modules.study.__main__ import main as study_main
+from lightning_modules.study.report import last_attempt_s
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT, Store
 from tests.conftest import TINY_SEQ_LEN
 
@@ -210,6 +212,7 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     step_at_kill = torch.load(Path(folder) / "last.ckpt", map_location="cpu", weights_only=True)[
         "global_step"
     ]
+    rerun_at = time.time()
     assert study_main(args) == 0
     out = capsys.readouterr().out
     assert _starts(out) == ["nano mha seed 1"] and "resuming from its last checkpoint" in out
@@ -226,3 +229,12 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
         == twin.data.metrics["test/tokens"]
         == final["compute"]["tokens_seen"]
     )
+    # The rerun records when its attempt began (whole seconds, UTC), so the report gives that attempt's time apart
+    # from the run's wall time, which counts from the first claim; a run never stopped has no such tag.
+    began = dt.datetime.strptime(resumed.data.tags["study.resumed_utc"], "%Y-%m-%d %H:%M:%S")
+    began_s = began.replace(tzinfo=dt.UTC).timestamp()
+    assert rerun_at - 1 <= began_s <= resumed.info.end_time / 1000
+    assert last_attempt_s(resumed) == resumed.info.end_time / 1000 - began_s
+    assert last_attempt_s(resumed) < (resumed.info.end_time - resumed.info.start_time) / 1000
+    assert "study.resumed_utc" not in twin.data.tags
+    assert last_attempt_s(twin) == (twin.info.end_time - twin.info.start_time) / 1000

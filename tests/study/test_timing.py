@@ -18,7 +18,7 @@ from tests.study.test_study import micro_protocol
 EPYC = timing.Machine("AMD EPYC, 2 cores", "cpu-native-bf16", 1)
 EPYC_AVX2 = timing.Machine("AMD EPYC, 2 cores", "cpu-no-native-bf16", 1)
 COLUMNS = ["identity", "test_loss", "size", "label", "duration_s", "machine", "hardware", "command",
-           "resumed_from_step"]  # fmt: skip
+           "resumed_from_step", "last_attempt_s"]  # fmt: skip
 
 
 def write_ledger(folder: Path, rows: list[dict[str, str]]) -> Path:
@@ -60,8 +60,10 @@ def test_the_ledger_gives_finished_whole_runs_with_their_machine_and_workers(tmp
     folder = write_ledger(tmp_path, [
         row("mha", 2805.3),
         row("mqa", 2400.0, command="python -m lightning_modules.study conf/study/main.yaml --workers=2"),
-        row("gqa-g2", 1000.0, resumed_from_step="1200"),  # its wall time holds the pause: left out
-        row("mqa", 1000.0, resumed_from_step="0"),  # restarted without a checkpoint: likewise
+        row("gqa-g2", 1000.0, resumed_from_step="1200", last_attempt_s="400.0"),  # its time holds the pause and
+        # its last attempt trained part of it: left out
+        row("mqa", 5000.0, resumed_from_step="0", last_attempt_s="2600.0"),  # restarted: its last attempt, whole
+        row("mqa", 1000.0, resumed_from_step="0"),  # restarted before the attempt's start was recorded: left out
         row("mla-c224", 3100.0, test_loss=""),  # not finished
         row("lrkv-r16", 3000.0, hardware=""),  # no CPU kind recorded
         row("mha", float("nan")),
@@ -70,6 +72,7 @@ def test_the_ledger_gives_finished_whole_runs_with_their_machine_and_workers(tmp
     assert done == [
         timing.Done("5m", "mha", EPYC, 2805.3),
         timing.Done("5m", "mqa", timing.Machine("AMD EPYC, 2 cores", "cpu-native-bf16", 2), 2400.0),
+        timing.Done("5m", "mqa", EPYC, 2600.0),
     ]
     assert timing.from_ledger(tmp_path / "none") == []
     assert timing.workers_of("python -m lightning_modules.study p.yaml") == 1
