@@ -241,7 +241,7 @@ class Runner:
             how = f"restarting: no checkpoint in {folder} on this machine"
             # Nothing of the earlier attempt is kept, so the code that trains the run is this tree's; and its
             # wall time counts from the first claim (MLflow's start time), pause included: marked resumed, so
-            # timing.py does not plan with it.
+            # timing.py plans with this attempt's time (RESUMED_UTC above) rather than that wall time.
             client.set_tag(run_id, "git_commit", git_commit())
             client.set_tag(run_id, TAG + "resumed_from_step", "0")
         cmd += ["--", *spec.cli_args()]

@@ -226,7 +226,7 @@ def test_a_rerun_waits_for_an_orphaned_worker_to_exit_and_then_restarts_the_run_
     done = store.client.get_run(run.info.run_id)
     assert "test/loss" in done.data.metrics
     # No checkpoint, so nothing of the first claim trained it: this tree's commit, and its wall time (from the
-    # first claim) marked as holding a pause, as a resumed run's is (timing.py leaves both out).
+    # first claim) marked as holding a pause, as a resumed run's is (timing.py plans with its last attempt instead).
     # (The sha only: another test may write into the tree meanwhile and flip "-dirty".)
     assert done.data.tags["git_commit"].partition("-")[0] == git_commit().partition("-")[0] != "0000000"
     assert done.data.tags["study.resumed_from_step"] == "0"
