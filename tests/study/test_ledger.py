@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger
@@ -32,14 +33,23 @@ def test_a_ledger_without_identities_is_refused_naming_the_file(tmp_path: Path) 
         ledger.done_identities(tmp_path)
 
 
+# The manifest hash of the shards each shipped data config builds (`make data`, and `make data SEQ_LEN=1024` for
+# the 1,024-token cut): a ledger row records the hash of the shards it trained on.
+SHIPPED_SHARDS = {
+    "conf/data/shakespeare.yaml": "6bd091106c6eabed",
+    "conf/data/shakespeare-1k.yaml": "4b31abe2299540de",
+}
+
+
 def test_the_committed_ledgers_name_their_runs() -> None:
     # results/<protocol>/runs.csv of every shipped protocol that has results: each row's identity is one of
-    # the protocol's runs, so a fresh machine skips exactly those (the data hash is the shards' manifest's)
+    # the protocol's runs, so a fresh machine skips exactly those (the data hash is the protocol's shards')
     for folder in sorted((protocols.ROOT / "results").iterdir()):
         if (folder / "runs.csv").is_file():
             table = pd.read_csv(folder / "runs.csv")
             assert table["identity"].notna().all() and table["identity"].is_unique, folder
-            assert set(table["data"]) == {"6bd091106c6eabed"}, folder
+            data = yaml.safe_load((protocols.ROOT / "conf/study" / f"{folder.name}.yaml").read_text())["data"]
+            assert set(table["data"]) == {SHIPPED_SHARDS[data]}, folder
 
 
 @pytest.mark.slow
