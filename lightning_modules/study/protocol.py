@@ -34,6 +34,8 @@ RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir
 TAG = "study."  # prefix of the tags the runner adds to the training module's own (tracking/runs.py run_tags)
 # UTC time a resumed or restarted run's last attempt began (runner.py); its wall time from there is that attempt's
 RESUMED_UTC = TAG + "resumed_utc"
+# How the study writes UTC times: RESUMED_UTC, and the ledger's start_utc and end_utc (report.py)
+UTC_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,12 @@ import pandas as pd
 from lightning_modules.costs.counts import BASELINE
 from lightning_modules.study import summary
 from lightning_modules.study.formatting import md_table, percent, plain, signed
-from lightning_modules.study.protocol import ROOT, Protocol
+from lightning_modules.study.protocol import ROOT, UTC_FORMAT, Protocol
 from lightning_modules.study.runs_section import runs_section
 from lightning_modules.study.summary import p_columns, p_value, resolved_header
 
 FILES = ("arms.csv", "vs_mha.csv", "cache_matched.csv", "pairs.csv", "pooled.csv", "tokens_to_target.csv",
          "flops_to_target.csv", "cache_frontier.csv", "runs.csv", "evaluations.csv")  # fmt: skip
-TIME = "%Y-%m-%d %H:%M:%S"  # how per_run's start_utc and end_utc are written (report.py _utc)
 
 
 def readme(
@@ -116,8 +115,8 @@ def _span(per_run: pd.DataFrame) -> str:
     ends = [e for e in per_run.get("end_utc", []) if e]
     if not (starts and ends):
         return "unknown"
-    t0 = dt.datetime.strptime(min(starts), TIME)
-    t1 = dt.datetime.strptime(max(ends), TIME)
+    t0 = dt.datetime.strptime(min(starts), UTC_FORMAT)
+    t1 = dt.datetime.strptime(max(ends), UTC_FORMAT)
     return f"{(t1 - t0).total_seconds() / 60:.1f} min from {min(starts)} to {max(ends)} UTC"
 
 

@@ -47,7 +47,7 @@ from lightning_modules.costs.counts import BASELINE  # noqa: E402
 from lightning_modules.study import ledger_tables, summary  # noqa: E402
 from lightning_modules.study.ledger import IDENTITY, default_folder  # noqa: E402
 from lightning_modules.study.ledger_tables import LedgerTables  # noqa: E402
-from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, Protocol  # noqa: E402
+from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, UTC_FORMAT, Protocol  # noqa: E402
 from lightning_modules.study.readme import readme  # noqa: E402
 from lightning_modules.study.store import Store  # noqa: E402
 
@@ -253,7 +253,7 @@ def last_attempt_s(run: Run) -> float:
         return math.nan
     resumed = run.data.tags.get(RESUMED_UTC, "")
     if resumed:
-        began = dt.datetime.strptime(resumed, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+        began = dt.datetime.strptime(resumed, UTC_FORMAT).replace(tzinfo=dt.UTC)
         return end / 1000 - began.timestamp()
     if run.data.tags.get(TAG + "resumed_from_step", ""):  # stopped and resumed before the tag was recorded
         return math.nan
@@ -283,7 +283,7 @@ def _runs(store: Store, run_ids: list[str]) -> list:
 def _utc(ms: int | None) -> str:
     if not ms:
         return ""
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime(UTC_FORMAT)
 
 
 # ----- writing ----------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger as ledgers
 from lightning_modules.study import lock, settings, timing
-from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, Protocol, RunSpec
+from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, UTC_FORMAT, Protocol, RunSpec
 from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 from lightning_modules.tracking.runs import git_commit
 
@@ -233,7 +233,7 @@ class Runner:
         if found.state == "free":  # an earlier attempt was stopped: this one resumes or restarts it
             # When this attempt began: the run's wall time (MLflow's start to end) counts from its first claim,
             # pauses between sessions included; from here to the end is what this attempt alone took.
-            client.set_tag(run_id, RESUMED_UTC, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+            client.set_tag(run_id, RESUMED_UTC, time.strftime(UTC_FORMAT, time.gmtime()))
         if last.is_file():
             cmd += ["--resume", str(last)]
             how = "resuming from its last checkpoint"
