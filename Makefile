@@ -21,17 +21,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 data: $(STAMP)
-	test -f $(DATA_DIR)/manifest.json || $(PY) -m data.prepare --source shakespeare --seq-len $(SEQ_LEN) --out $(DATA_DIR)
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m lightning_modules prepare --source shakespeare --seq-len $(SEQ_LEN) --out $(DATA_DIR)
 
 # The main job: every attention at nano on one FLOPs budget (conf/budget/demo.yaml), tested, then a table.
 demo: data
-	$(PY) -m lightning_modules.compare
+	$(PY) -m lightning_modules compare
 
 # The same comparison over several seeds and sizes (each run lands in MLflow for the notebooks).
 SEEDS ?= 1 2 3
 SIZES ?= nano 20m
 sweep: data
-	$(PY) -m lightning_modules.compare --sizes $(SIZES) --seeds $(SEEDS)
+	$(PY) -m lightning_modules compare --sizes $(SIZES) --seeds $(SEEDS)
 
 # A study protocol (conf/study/$(PROTOCOL).yaml): the runs not done yet (stop and rerun at any time: finished
 # runs are skipped, interrupted ones resume), then its tables and figures in results/$(PROTOCOL)/. long-1k reads
@@ -40,8 +40,8 @@ PROTOCOL ?= cpu
 WORKERS ?= 2
 study: data
 	test "$(PROTOCOL)" != long-1k || $(MAKE) data SEQ_LEN=1024 DATA_DIR=artifacts/shakespeare-1k
-	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
-	$(PY) -m lightning_modules.study conf/study/$(PROTOCOL).yaml --report --readme README.md
+	$(PY) -m lightning_modules study conf/study/$(PROTOCOL).yaml --workers $(WORKERS)
+	$(PY) -m lightning_modules study conf/study/$(PROTOCOL).yaml --report
 
 # Two pytest workers, each taking whole files (module fixtures are built once): most tests wait on
 # subprocess start-up, so two share two cores well (21 min instead of 24-29, BENCHMARKS.md "Test suite").
@@ -54,7 +54,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 costs: $(STAMP)
-	$(PY) -m lightning_modules.costs
+	$(PY) -m lightning_modules costs
 
 # litgpt is the reference for benchmarks only; its own pins conflict with ours, hence --no-deps.
 litgpt: $(STAMP)
@@ -65,11 +65,11 @@ bench: litgpt
 
 # Execute notebooks/*.ipynb headless against ./mlruns (or MLFLOW_TRACKING_URI); figures and tables to figures/.
 notebooks: $(STAMP)
-	$(PY) -m lightning_modules.analysis.run_notebooks
+	$(PY) -m lightning_modules notebooks
 
 decode-bench: $(STAMP)
 	$(PY) benchmarks/decode.py --size nano
 
 # The store everything else uses (MLFLOW_TRACKING_URI, else ./mlruns); a tracking server is only linked to.
 mlflow-ui: $(STAMP)
-	$(PY) -m lightning_modules.mlflow_ui
+	$(PY) -m lightning_modules mlflow-ui

@@ -15,7 +15,7 @@ lightning_modules/distributed/compile.py; compilation happens in the warm-up). M
 at 128m, 8 x 2048 at 1b). MFU = achieved training FLOPs/s (lightning_modules/costs/counts.py's convention) / the device's peak
 dense bf16 rate (lightning_modules/training/throughput.py's table). Peak memory is torch's max allocated over the
 timed steps, printed next to the memory plan's peak for the same setting (lightning_modules/costs/memory.py,
-`python -m lightning_modules.costs --memory`), so the first GPU run checks the plan too.
+`python -m lightning_modules costs --memory`), so the first GPU run checks the plan too.
 
 The kernel is chosen by lightning_modules/model/attention/kernel.attend: "sdpa" rows hide flash-attn from it,
 "flash" rows need `pip install .[flash]`; `kernel_ran` is what attend actually used (MLA, with unequal

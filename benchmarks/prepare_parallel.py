@@ -1,4 +1,4 @@
-"""data.prepare's throughput: the one-process path against `--tasks N` on datatrove, same corpus and tokenizer.
+"""lightning_modules.commands.prepare's throughput: the one-process path against `--tasks N` on datatrove, same corpus and tokenizer.
 
     python benchmarks/prepare_parallel.py                 # Shakespeare x 4 copies, tasks 1 and 2
     python benchmarks/prepare_parallel.py --copies 8 --tasks 1 2 4 --json
@@ -6,7 +6,7 @@
 The corpus is the embedded Shakespeare texts copied --copies times into one folder (more files than tasks).
 A tokenizer (vocab 4096) is trained once beforehand and loaded by every timed run, so the figures are of the
 part the tasks parallelise: read, split, encode, pack, write shards (and, for --tasks, the merge). Each run
-is a fresh `python -m data.prepare` process, timed whole (imports, datatrove's process start and the merge
+is a fresh `python -m lightning_modules prepare` process, timed whole (imports, datatrove's process start and the merge
 included). MB/s counts UTF-8 text bytes, tokens/s the documents' tokens plus one end-of-text each. CPU
 seconds are user + sys of the run and every process under it: MB per CPU second is the per-core rate that an
 estimate for a bigger node scales.
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    prepare = [sys.executable, "-m", "data.prepare", "--no-progress", "--seq-len", str(args.seq_len),
+    prepare = [sys.executable, "-m", "lightning_modules", "prepare", "--no-progress", "--seq-len", str(args.seq_len),
                "--txt-doc-chars", "8192"]  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

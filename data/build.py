@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from data.atomic import atomic_dataset, check_destination, dataset_folder
 from data.corpus_tokenizer import corpus_tokenizer
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 from data.manifest import SPLITS, Manifest, dtype_for_vocab
 from data.packing import Document, SplitWriter, encode, split_documents
 from data.prepare_config import (
@@ -57,7 +57,7 @@ def prepare(cfg: PrepareConfig) -> Manifest:
 
 
 def run(cfg: PrepareConfig) -> int:
-    """data.prepare without --tasks: prepare, then print what was written."""
+    """lightning_modules.commands.prepare without --tasks: prepare, then print what was written."""
     start = time.perf_counter()
     manifest = prepare(cfg)
     print_summary(cfg.out, manifest, time.perf_counter() - start)

@@ -1,4 +1,4 @@
-"""ShardDataModule: streams the shards of data.prepare evenly over ranks and workers, and resumes exactly.
+"""ShardDataModule: streams the shards of lightning_modules.commands.prepare evenly over ranks and workers, and resumes exactly.
 
 Batches are LongTensor (batch_size, seq_len + 1): input = batch[:, :-1], target = batch[:, 1:].
 The sample layout, the split of the work and the resume rule are described in data/manifest.py and
@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data import worker_tempdir
-from data.errors import DataError, ManifestError, ShardError
+from data.data_errors import DataError, ManifestError, ShardError
 from data.manifest import SPLITS, Manifest
 from data.plan import train_batches_per_rank
 from data.streaming import EvalStream, ShardSet, TrainStream
@@ -44,7 +44,7 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 
 
 class ShardDataModule(L.LightningDataModule):
-    """WebDataset shards written by `python -m data.prepare` (the folder holding manifest.json).
+    """WebDataset shards written by `python -m lightning_modules prepare` (the folder holding manifest.json).
 
     Args:
         data_dir: folder with manifest.json, tokenizer and shards.
@@ -241,7 +241,7 @@ class ShardDataModule(L.LightningDataModule):
             if not self.skip_bad_shards:
                 raise ShardError(
                     f"{len(bad)} bad {split} shard(s) in {self.data_dir} (check all with "
-                    f"`python -m data.verify {self.data_dir}`):\n{lines}"
+                    f"`python -m lightning_modules verify {self.data_dir}`):\n{lines}"
                 )
             log.warning(
                 "skip_bad_shards: leaving out %d of %d %s shards:\n%s",

@@ -1,7 +1,7 @@
-"""`python -m data.prepare ... --tasks N`: the same preparation as a datatrove pipeline, locally or on SLURM.
+"""`python -m lightning_modules prepare ... --tasks N`: the same preparation as a datatrove pipeline, locally or on SLURM.
 
-    python -m data.prepare fineweb/*.parquet --tokenizer tok.json --out artifacts/fw --tasks 64 --workers 16
-    python -m data.prepare fineweb/*.parquet --tokenizer tok.json --out artifacts/fw --tasks 512 \
+    python -m lightning_modules prepare fineweb/*.parquet --tokenizer tok.json --out artifacts/fw --tasks 64 --workers 16
+    python -m lightning_modules prepare fineweb/*.parquet --tokenizer tok.json --out artifacts/fw --tasks 512 \
         --executor slurm --slurm-partition cpu --workers 128
 
 1. The driver checks the options, trains (or loads) the tokenizer once and saves it in the work folder
@@ -44,7 +44,7 @@ from typing import Any
 from datatrove.pipeline.base import PipelineStep
 
 from data.corpus_tokenizer import corpus_tokenizer
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 from data.manifest import Manifest
 from data.packing import Document, split_documents
 from data.parallel_options import EXECUTORS, DistributedOptions
@@ -97,9 +97,11 @@ def prepare_distributed(
 
 
 def run_distributed(cfg: PrepareConfig, dist: DistributedOptions) -> int:
-    """data.prepare with --tasks: prepare (or submit), then print what was written (or submitted)."""
+    """lightning_modules.commands.prepare with --tasks: prepare (or submit), then print what was written (or submitted)."""
     start = time.perf_counter()
-    manifest = prepare_distributed(cfg, dist)  # a DataError is reported by data.prepare's error path
+    manifest = prepare_distributed(
+        cfg, dist
+    )  # a DataError is reported by lightning_modules.commands.prepare's error path
     if manifest is None:
         paths = WorkPaths.beside(Path(cfg.out))
         print(

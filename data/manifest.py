@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data.errors import ManifestError
+from data.data_errors import ManifestError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -75,7 +75,7 @@ class Manifest:
         if not path.is_file():
             raise ManifestError(
                 f"{path}: no manifest; build the shards first, e.g. "
-                f"`python -m data.prepare --source shakespeare --out {directory}` (or `make data`)"
+                f"`python -m lightning_modules prepare --source shakespeare --out {directory}` (or `make data`)"
             )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -111,7 +111,7 @@ class Manifest:
         return manifest
 
     def check_consistent(self, where: str = MANIFEST_NAME) -> None:
-        """Internal arithmetic only (the shards themselves are checked by data.verify)."""
+        """Internal arithmetic only (the shards themselves are checked by lightning_modules.commands.verify)."""
         problems = []
         if self.format_version != FORMAT_VERSION:
             problems.append(f"format_version {self.format_version}, this code reads {FORMAT_VERSION}")
@@ -141,7 +141,7 @@ class Manifest:
                 if not is_plain_name(shard.path):
                     problems.append(
                         f"{name} shard {shard.path!r} is not a plain file name in the data folder (a manifest "
-                        "names only files beside it; this one was edited or not written by data.prepare)"
+                        "names only files beside it; this one was edited or not written by lightning_modules.commands.prepare)"
                     )
                     continue
                 if shard.tokens != shard.samples * self.seq_len:

@@ -1,4 +1,4 @@
-"""The --tasks / --workers / --executor / --slurm-* options of `python -m data.prepare` (no heavy imports:
+"""The --tasks / --workers / --executor / --slurm-* options of `python -m lightning_modules prepare` (no heavy imports:
 data/distributed_prepare.py, which runs them on datatrove, is imported only when --tasks is given)."""
 
 from __future__ import annotations

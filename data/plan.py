@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data.errors import DataError
+from data.data_errors import DataError
 
 
 @dataclass(frozen=True)

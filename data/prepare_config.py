@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 from data.manifest import SplitInfo
 from data.packing import split_documents
 from data.parallel_options import DistributedOptions

@@ -34,7 +34,7 @@ def encode_npy(array: np.ndarray) -> bytes:
 
 
 # numpy parses the .npy header with ast.literal_eval, which is not thread-safe on CPython 3.11 ("SystemError:
-# AST constructor recursion depth mismatch", seen in data.verify's thread pool under FSDP tests); decoding is
+# AST constructor recursion depth mismatch", seen in lightning_modules.commands.verify's thread pool under FSDP tests); decoding is
 # serialised, the rest of verification (reading, hashing) stays parallel.
 _DECODE_LOCK = threading.Lock()
 

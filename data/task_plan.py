@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from data.atomic import write_text_atomic
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 from data.manifest import SPLITS
 from data.parallel_options import DistributedOptions
 from data.prepare_config import PrepareConfig
 from data.shards import sha256_file
 from data.tokenizer import TOKENIZER_NAME
+from lightning_modules.core.files import write_text_atomic
 
 WORK_SUFFIX = ".partial"
 RUN_FILE = "run.json"

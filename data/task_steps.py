@@ -12,14 +12,14 @@ from pathlib import Path
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from data.atomic import fsync_dir
-from data.errors import DataError, PrepareError
+from data.data_errors import DataError, PrepareError
 from data.manifest import SPLITS, SplitInfo, dtype_for_vocab
 from data.packing import SplitWriter, encode, split_of
 from data.sources import SourceOptions, SourceStats, iter_documents
 from data.task_merge import merge
 from data.task_plan import WorkPaths, clear_task, file_stats, task_files, task_shard_name, write_json
 from data.tokenizer import eot_id, for_encoding, load_tokenizer
+from lightning_modules.core.files import fsync_dir
 
 # The reader's source statistics (empty documents, files with replaced bytes) for the writer's task summary:
 # both steps of a task run in the same process, one after the other in one generator chain.

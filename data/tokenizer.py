@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 
 EOT_TOKEN = "<|endoftext|>"
 TOKENIZER_NAME = "tokenizer.json"

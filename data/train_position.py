@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from data.errors import DataError
+from data.data_errors import DataError
 
 REQUIRED_STATE = ("epoch", "batches_consumed", "seed", "batch_size", "world_size", "streams")
 

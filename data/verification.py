@@ -1,6 +1,6 @@
 """Check every shard against manifest.json: present, sha256, readable tar, sample/token counts, ids < vocab.
 
-The library behind `python -m data.verify` (data/verify.py), the DataModule's check before training
+The library behind `python -m lightning_modules verify` (lightning_modules/commands/verify.py), the DataModule's check before training
 (data/datamodule.py) and prepare's check of what it built. A full check decodes every sample; a quick one
 checks presence, sha256 and the tar's member count without decoding the samples.
 """
@@ -130,9 +130,9 @@ def check_tokenizer(directory: Path, manifest: Manifest) -> str | None:
 
 
 def verify_folder(directory: Path, quick: bool) -> int:
-    """data.verify's check of one folder: 0 when everything agrees; otherwise 1, after one line per bad shard
+    """lightning_modules.commands.verify's check of one folder: 0 when everything agrees; otherwise 1, after one line per bad shard
     ("<path>: <what is wrong>") on stderr. A manifest that cannot be read (or names files outside the folder)
-    is a ManifestError, which data.verify reports in one line."""
+    is a ManifestError, which lightning_modules.commands.verify reports in one line."""
     manifest = Manifest.load(directory)
     problems = [f"{directory / p.path}: {p.message}" for p in verify(directory, manifest, full=not quick)]
     if not quick and (tokenizer_problem := check_tokenizer(directory, manifest)):

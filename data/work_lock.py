@@ -1,4 +1,4 @@
-"""One `data.prepare --tasks N` per --out at a time: an exclusive flock on `<out>.partial.lock`, held by the
+"""One `lightning_modules.commands.prepare --tasks N` per --out at a time: an exclusive flock on `<out>.partial.lock`, held by the
 driver from before it touches the work folder (data/task_plan.py) until the merge has swapped the dataset in.
 
 Two identical commands would otherwise share `<out>.partial/`: each task's attempt clears what the other's
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 
 LOCK_SUFFIX = ".partial.lock"
 _HELD: set[int] = set()  # descriptors of the locks this process holds

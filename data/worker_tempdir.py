@@ -15,7 +15,7 @@ from multiprocessing import util
 
 import torch.multiprocessing as mp
 
-from data.errors import DataError
+from data.data_errors import DataError
 
 SOCKET_NAME = len("/listener-XXXXXXXX")
 SOCKET_SUFFIX = len("/pymp-XXXXXXXX") + SOCKET_NAME

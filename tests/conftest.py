@@ -25,8 +25,8 @@ TINY_SEQ_LEN = 32
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Six of Shakespeare's texts as shards: vocab 512, 32-token samples (seconds to build)."""
-    from data.prepare import main as prepare
     from data.sources import shakespeare_files
+    from lightning_modules.commands.prepare import main as prepare
 
     out = tmp_path_factory.mktemp("shards")
     files = [str(p) for p in shakespeare_files()[:6]]

@@ -16,10 +16,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from lightning_modules.analysis.errors import NoRunsError
-from lightning_modules.analysis.runs import COLUMNS, require_columns
+from lightning_modules.analysis.analysis_errors import NoRunsError
 from lightning_modules.analysis.stats import summarise
 from lightning_modules.analysis.styles import SWEEP_MARKERS, attention_style, label_sort_key, order_sizes
+from lightning_modules.analysis.tidy import COLUMNS, require_columns
 from lightning_modules.analysis.units import axis_label
 
 GROUP = ["size", "attention", "label"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lightning_modules.analysis.store import resolve_figures_dir
+from lightning_modules.analysis.locations import resolve_figures_dir
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DPI = 150

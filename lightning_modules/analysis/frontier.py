@@ -20,10 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from lightning_modules.analysis import paper
-from lightning_modules.analysis.errors import MissingMetricsError
-from lightning_modules.analysis.runs import final_losses
+from lightning_modules.analysis.analysis_errors import MissingMetricsError
 from lightning_modules.analysis.stats import summarise
 from lightning_modules.analysis.styles import attention_style, order_sizes, size_sort_key
+from lightning_modules.analysis.tidy import final_losses
 
 FRONTIER_COLUMNS = [
     "size",

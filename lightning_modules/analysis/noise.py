@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from scipy.special import stdtrit  # the t quantile; scipy.stats would cost a second to import
 
 from lightning_modules.analysis.equal_tokens import loss_at
-from lightning_modules.analysis.runs import require_columns
+from lightning_modules.analysis.tidy import require_columns
 
 MAX_SEEDS = 10_000  # beyond this a target is out of reach: reported as NaN, not as a number to plan with
 COLUMNS = ("label", "seed", "split", "tokens", "loss")

@@ -1,5 +1,5 @@
 """Executing the analysis notebooks headless against a store (the command: python -m
-lightning_modules.analysis.run_notebooks, whose docstring says what the notebooks read and when they are skipped).
+lightning_modules notebooks, whose docstring says what the notebooks read and when they are skipped).
 
 The notebooks read where to look and where to write from the environment, which this sets for their kernel:
 $MLFLOW_TRACKING_URI, $MLFLOW_EXPERIMENT_NAME and $LRKV_FIGURES_DIR. Each runs in a fresh kernel from
@@ -18,8 +18,8 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from lightning_modules.analysis.errors import AnalysisError
-from lightning_modules.analysis.store import (
+from lightning_modules.analysis.analysis_errors import AnalysisError
+from lightning_modules.analysis.locations import (
     EXPERIMENT_ENV,
     FIGURES_ENV,
     REPO_ROOT,
@@ -84,7 +84,7 @@ def run_notebooks(
 
 
 def _why_no_runs(uri: str, experiment: str) -> str | None:
-    from lightning_modules.analysis.runs import load_runs  # late: imports mlflow, a second or two
+    from lightning_modules.analysis.tidy import load_runs  # late: imports mlflow, a second or two
 
     try:
         load_runs(uri, experiment)

@@ -31,7 +31,7 @@ import pandas as pd
 from lightning_modules.analysis.equal_tokens import loss_at
 from lightning_modules.analysis.families import Pair, family, ordered_pairs, with_holm
 from lightning_modules.analysis.multiplicity import paired_t
-from lightning_modules.analysis.runs import final_losses
+from lightning_modules.analysis.tidy import final_losses
 
 EQUAL_FLOPS = "equal_flops"
 EQUAL_TOKENS = "equal_tokens"
@@ -43,7 +43,7 @@ COLUMNS = ["size", "view", "split", "metric", "a", "b", "a_attention", "b_attent
 
 
 def pair_table(runs: pd.DataFrame, primary: Iterable[Pair] = ()) -> pd.DataFrame:
-    """Both views of every pair of arms of every size of `runs` (the tidy table of analysis/runs.py)."""
+    """Both views of every pair of arms of every size of `runs` (the tidy table of analysis/tidy.py)."""
     primary = [tuple(p) for p in primary]
     finals = final_losses(runs)
     curves = runs[runs["split"] == "val"]

@@ -23,7 +23,7 @@ import pandas as pd
 
 from lightning_modules.analysis.families import Pair, family, ordered_pairs, with_holm
 from lightning_modules.analysis.multiplicity import t_test
-from lightning_modules.analysis.runs import final_losses
+from lightning_modules.analysis.tidy import final_losses
 
 VIEW = "pooled"
 COLUMNS = ["size", "view", "split", "metric", "a", "b", "family", "n_arms", "n_seeds", "seeds_dropped", "df",

@@ -7,8 +7,8 @@ import math
 import pandas as pd
 
 from lightning_modules.analysis import paper
-from lightning_modules.analysis.runs import COLUMNS, final_losses, require_columns
 from lightning_modules.analysis.stats import summarise
+from lightning_modules.analysis.tidy import COLUMNS, final_losses, require_columns
 
 GROUP = ["size", "attention", "label"]
 

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from lightning_modules.analysis.errors import NoRunsError
-from lightning_modules.analysis.runs import COLUMNS, require_columns
+from lightning_modules.analysis.analysis_errors import NoRunsError
 from lightning_modules.analysis.stats import mean_ci
 from lightning_modules.analysis.styles import label_sort_key, order_sizes
+from lightning_modules.analysis.tidy import COLUMNS, require_columns
 
 PER_SEED_COLUMNS = [
     "size",

@@ -7,7 +7,7 @@ meta.pt with the non-tensor state. Its index is read with an allow-list of torch
 shards through the safe reader of lightning_modules/core/lightning_api.py, the one every command uses: fit,
 validate and test through lightning_modules/training/cli.py (then the strategy,
 lightning_modules/distributed/strategy.py), generate (lightning_modules/generation/checkpoint.py) and
-consolidate (lightning_modules/checkpoint/consolidate.py).
+consolidate (lightning_modules/checkpoint/consolidation.py).
 
 A folder is checked whole before anything else happens (`check_sharded_folder`): index readable and safe,
 every shard it names present and long enough, meta.pt readable. So a resume from an incomplete folder ends in

@@ -1,4 +1,4 @@
-"""The one error path of the entry points (main.py, python -m data.prepare, python -m lightning_modules.generate),
+"""The one error path of the entry points (main.py, python -m lightning_modules prepare, python -m lightning_modules generate),
 and the root of every anticipated failure.
 
 An anticipated failure (bad input, a missing or damaged file, an unreachable store) ends with ONE line on
@@ -6,7 +6,7 @@ stderr, `<prog>: error: <message>`, where the message names the thing and what t
 code; anything else is a bug and keeps its traceback. `LRKV_DEBUG=1` shows the traceback of anticipated
 failures too.
 
-Anticipated failures are UserError and its subclasses: ConfigError (this module), DataError (data/errors.py),
+Anticipated failures are UserError and its subclasses: ConfigError (this module), DataError (data/data_errors.py),
 the tracking store's TrackingUnreachableError (lightning_modules/tracking/store.py) and each command's own. Each
 subclasses UserError where it is defined, so this module imports nothing of the project and the error path
 needs no list of them.

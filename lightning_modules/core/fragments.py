@@ -30,7 +30,9 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 def compose(paths: list[str | Path]) -> dict[str, Any]:
     """The YAML fragments merged in order, as repeated --config options are. Read with jsonargparse's own YAML
     loader, the one main.py's parser uses: plain YAML 1.1 reads `100.0e9` as a string, jsonargparse as a float."""
-    from jsonargparse import get_loader  # late: data.prepare imports core/ and has no use for it
+    from jsonargparse import (
+        get_loader,  # late: lightning_modules.commands.prepare imports core/ and has no use for it
+    )
 
     load = get_loader("yaml")
     merged: dict[str, Any] = {}

@@ -9,7 +9,7 @@ environment: `LRKV_PRECISION=bf16|fp32` replaces the hardware's choice for every
 that is not given one (e.g. `LRKV_PRECISION=bf16 make test` runs the suite as a CPU with native bf16 would
 choose, to time it on this one).
 
-One rule for training (lightning_modules/training/cli.py), the benchmarks and generation (lightning_modules/generate.py).
+One rule for training (lightning_modules/training/cli.py), the benchmarks and generation (lightning_modules/commands/generate.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Conventions, written once:
   default decode path's cache layout; equal to the bytes a bf16 generation's caches hold
   (tests/model/test_decode.py, benchmarks/decode.py).
 
-`python -m lightning_modules.costs` prints these for every size x attention (costs/table.py); see --help.
+`python -m lightning_modules costs` prints these for every size x attention (costs/table.py); see --help.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which paper runs fit on which GPUs: the memory plan (costs/memory.py) searched over strategies and batches.
 
-`python -m lightning_modules.costs --memory --fits` prints it. A size's micro-batch comes from its recipe
+`python -m lightning_modules costs --memory --fits` prints it. A size's micro-batch comes from its recipe
 (conf/recipe/<size>.yaml, data.batch_size), else 1.
 """
 

@@ -1,4 +1,4 @@
-"""The cost rows (costs/counts.py) as the table `python -m lightning_modules.costs` prints."""
+"""The cost rows (costs/counts.py) as the table `python -m lightning_modules costs` prints."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Text from a trained decoder (the command: python -m lightning_modules.generate).
+"""Text from a trained decoder (the command: python -m lightning_modules generate).
 
-- loop.py        sampling and the generation loop: prefill once, then one cached decode step per token
 - checkpoint.py  the decoder of a training checkpoint, ready to generate
+- loop.py        sampling and the generation loop: prefill once, then one cached decode step per token
 - text.py        the run's tokenizer through its data manifest, and the new tokens streamed as text
 """

@@ -1,6 +1,6 @@
 """Sampling and the generation loop: prefill the prompt once, then one cached decode step per new token.
 
-Plain torch; the command line (checkpoint, tokenizer, streaming to stdout) is lightning_modules/generate.py.
+Plain torch; the command line (checkpoint, tokenizer, streaming to stdout) is lightning_modules/commands/generate.py.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def sample_next(logits: Tensor, sampling: Sampling, generator: torch.Generator |
 def check_lengths(model: Transformer, prompt_tokens: int, max_new_tokens: int, added: int = 0) -> None:
     """Generation stays within the context the model was trained for: RoPE positions beyond seq_len were never
     seen in training (and the caches are sized for prompt + new tokens). `added`: of the prompt's tokens, those
-    the caller put before the user's text (the end-of-text token, lightning_modules/generate.py)."""
+    the caller put before the user's text (the end-of-text token, lightning_modules/commands/generate.py)."""
     seq_len = model.config.seq_len
     if prompt_tokens < 1:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""LRKV's absorbed decode step as one Triton kernel (its algebra: model/attention/lrkv_decode.py).
+"""LRKV's absorbed decode step as one Triton kernel (its algebra: model/attention/lrkv_cached.py).
 
 One program per (sequence, range of cached positions), all H heads together, so the shared key k_rot and the
 shared value v_s of a position are loaded once for every head. Per block of positions it forms the RoPE basis

@@ -39,7 +39,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         # [cos | sin] side by side, (max_seq_len, dim): the basis LRKV's decode scores against every step
-        # (model/attention/lrkv_decode.py), kept so a step reads a view instead of concatenating per layer.
+        # (model/attention/lrkv_cached.py), kept so a step reads a view instead of concatenating per layer.
         self.register_buffer("basis", torch.cat([cos, sin], dim=-1), persistent=False)
 
     def inv_freq(self, device: torch.device | None = None) -> Tensor:

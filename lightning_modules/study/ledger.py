@@ -58,7 +58,7 @@ def done_settings(folder: Path) -> dict[str, str]:
     if rows and (IDENTITY not in header or DONE_COLUMN not in header):
         raise ConfigError(
             f"ledger {path}: no `{IDENTITY}` or `{DONE_COLUMN}` column, so its runs cannot be matched to the "
-            "protocol; rewrite it with `python -m lightning_modules.study <protocol> --report` from a store that "
+            "protocol; rewrite it with `python -m lightning_modules study <protocol> --report` from a store that "
             "holds its runs, or pass --ledger to another folder"
         )
     return {row[IDENTITY]: row.get(SETTINGS) or "" for row in rows if row[IDENTITY] and finished(row)}

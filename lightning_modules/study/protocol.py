@@ -20,14 +20,15 @@ import yaml
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.core.fragments import fragment
+from lightning_modules.costs.budget import Budget
 from lightning_modules.model.attention import AttentionConfig, knob_specs, resolve_attention
 from lightning_modules.model.config import ModelConfig, load_model_config
 from lightning_modules.tracking import runs
-from lightning_modules.training.language_model import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = {"description", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit", "checkpoint_every",
-          "comparisons"}  # fmt: skip
+# `question`: the study's question in a few words, for the index results/README.md (reporting/results_index.py)
+FIELDS = {"description", "question", "experiment", "sizes", "arms", "seeds", "budget", "data", "fit",
+          "checkpoint_every", "comparisons"}  # fmt: skip
 DEFAULT_EXPERIMENT = "lrkv-study"
 # Set by the runner for every run; a protocol's `fit` settings may not touch them.
 RESERVED = ("seed_everything", "model.attention", "model.budget", "data.data_dir", "trainer.logger")
@@ -146,7 +147,7 @@ def manifest_hash(data_dir: Path, seq_len: int = 256) -> str:
     manifest = data_dir / "manifest.json"
     if not manifest.is_file():
         raise ConfigError(
-            f"data.data_dir={data_dir}: no manifest.json there; build the shards first (python -m data.prepare "
+            f"data.data_dir={data_dir}: no manifest.json there; build the shards first (python -m lightning_modules prepare "
             f"--seq-len {seq_len} --out {data_dir} ...; `make data` builds conf/data/shakespeare.yaml's, "
             "`make data SEQ_LEN=1024` conf/data/shakespeare-1k.yaml's)"
         )
@@ -168,7 +169,7 @@ def _check_seq_len(seq_lens: dict[str, int], data_dir: Path, where: str) -> None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(
             f"{manifest}: no readable seq_len ({type(e).__name__}: {e}); rebuild the shards (python -m "
-            f"data.prepare ... --out {data_dir}) or check them with python -m data.verify {data_dir}"
+            f"lightning_modules.commands.prepare ... --out {data_dir}) or check them with python -m lightning_modules verify {data_dir}"
         ) from e
     for size, seq_len in seq_lens.items():
         if seq_len != shards:

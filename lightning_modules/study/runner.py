@@ -26,8 +26,8 @@ from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger as ledgers
 from lightning_modules.study import lock, settings, timing
+from lightning_modules.study.claims import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 from lightning_modules.study.protocol import RESUMED_UTC, ROOT, TAG, UTC_FORMAT, Protocol, RunSpec
-from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT_S, WORKER, Found, Store, here
 from lightning_modules.tracking.runs import git_commit
 
 POLL_S = 1.0
@@ -82,7 +82,7 @@ class Runner:
         self.protocol, self.store, self.workers = protocol, store, workers
         self.checkpoints = checkpoints.resolve() / "study" / protocol.name
         self.threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
-        self.command = command or f"python -m lightning_modules.study {protocol.path} --workers {workers}"
+        self.command = command or f"python -m lightning_modules study {protocol.path} --workers {workers}"
         self.durations: list[float] = []
         self.failed: list[tuple[RunSpec, Path]] = []
         self.ledger = ledger if ledger is not None else ledgers.default_folder(protocol.name)
@@ -226,7 +226,7 @@ class Runner:
         client.set_tag(run_id, TAG + "command", self.command)
         folder.mkdir(parents=True, exist_ok=True)
         last = folder / "last.ckpt"
-        cmd = [sys.executable, "-m", "lightning_modules.study.worker", "--run-id", run_id]
+        cmd = [sys.executable, "-m", "lightning_modules", "study-worker", "--run-id", run_id]
         cmd += ["--runner-pid", str(os.getpid())]
         cmd += ["--checkpoint-dir", str(folder), "--every", str(self.protocol.checkpoint_every)]
         how = "new"
@@ -330,7 +330,7 @@ class Runner:
                 f"  failed: {spec.size} {spec.label} seed {spec.seed} (log {log}); run again to retry it"
             )
         if done == len(plan):
-            self.say(f"  report: python -m lightning_modules.study {self.protocol.path} --report")
+            self.say(f"  report: python -m lightning_modules study {self.protocol.path} --report")
         return 1 if self.failed else 0
 
 

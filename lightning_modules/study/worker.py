@@ -1,6 +1,6 @@
 """One study run in its own process: fit (or resume) through main.py's CLI into a claimed MLflow run, then test.
 
-    python -m lightning_modules.study.worker --run-id ID --checkpoint-dir DIR --every N [--resume CKPT] -- ARGS
+    python -m lightning_modules study-worker --run-id ID --checkpoint-dir DIR --every N [--resume CKPT] -- ARGS
 
 ARGS are main.py's (without the subcommand; RunSpec.cli_args). The runner (runner.py) starts this, one per
 run, so `--workers N` trains N runs at once. The run was created by the runner with the identity tags; the
@@ -16,8 +16,7 @@ and exits with LOCKED_EXIT, so no step is logged twice and no two processes writ
 
 from __future__ import annotations
 
-import argparse
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,23 +29,26 @@ from lightning_modules.study import lock
 from lightning_modules.study.protocol import TAG
 from lightning_modules.training.cli import main as cli_main
 
-PROG = "python -m lightning_modules.study.worker"
+PROG = "python -m lightning_modules study-worker"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog=PROG)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--checkpoint-dir", required=True, type=Path)
-    parser.add_argument("--every", type=int, required=True, help="optimizer steps between checkpoints")
-    parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
-    parser.add_argument("--runner-pid", type=int, default=None, help="die with this process (the runner)")
-    args = parser.parse_args(argv[:split])
-    return run_entry(lambda: _run(args, argv[split + 1 :]), PROG)
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What the runner tells a worker (lightning_modules/commands/study_worker.py parses it)."""
+
+    run_id: str
+    checkpoint_dir: Path
+    every: int  # optimizer steps between checkpoints
+    resume: Path | None = None  # the checkpoint to resume from
+    runner_pid: int | None = None  # die with this process (the runner)
 
 
-def _run(args: argparse.Namespace, main_args: list[str]) -> int:
+def run(args: WorkerOptions, main_args: list[str]) -> int:
+    """Train one claimed run to its end, then test it; main_args are main.py's (without the subcommand)."""
+    return run_entry(lambda: _run(args, main_args), PROG)
+
+
+def _run(args: WorkerOptions, main_args: list[str]) -> int:
     if args.runner_pid is not None:
         lock.die_with_runner(args.runner_pid)
     try:
@@ -59,7 +61,7 @@ def _run(args: argparse.Namespace, main_args: list[str]) -> int:
         return _train(args, main_args)
 
 
-def _train(args: argparse.Namespace, main_args: list[str]) -> int:
+def _train(args: WorkerOptions, main_args: list[str]) -> int:
     cli_args = [*main_args, "--trainer.logger.init_args.run_id", args.run_id]
     cli_args += ["--trainer.enable_progress_bar", "false"]  # the output goes to a log file
     cli = cli_main(cli_args, run=False)
@@ -87,7 +89,3 @@ def _train(args: argparse.Namespace, main_args: list[str]) -> int:
     trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(args.resume) if args.resume else None)
     trainer.test(cli.model, datamodule=cli.datamodule)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

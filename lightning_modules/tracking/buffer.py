@@ -5,7 +5,7 @@ store answers, an op is sent at once. Once a send fails, that op and every later
 training carries on; the queue is retried at the next write after a backoff (1 s, doubling up to 60 s), and sent
 in order once the store answers. Memory is bounded: past `max_pending` ops the oldest move to the pending file
 (JSON lines), which is sent first when the store returns. What cannot be sent by the end of the run stays in
-that file; `python -m lightning_modules.tracking_replay FILE` sends it (lightning_modules/tracking_replay.py).
+that file; `python -m lightning_modules replay FILE` sends it (lightning_modules/commands/replay_pending.py).
 
 Sending an op twice is harmless, so a call whose reply was lost can be retried: a metric keeps the timestamp
 of its first attempt and MLflow stores a (key, step, timestamp, value) once; tags, an unchanged parameter, an
@@ -35,8 +35,8 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from data.atomic import write_text_atomic
 from lightning_modules.core.errors import UserError
+from lightning_modules.core.files import write_text_atomic
 from lightning_modules.tracking import store as tracking
 
 log = logging.getLogger(__name__)

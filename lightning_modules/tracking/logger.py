@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 # The tags of a run a signal stopped (docs/tracking.md, "Run status").
 STOPPED_BY, STOPPED_AT_STEP, STOP_HISTORY = "stopped_by", "stopped_at_step", "stop_history"
-REPLAY_COMMAND = "python -m lightning_modules.tracking_replay"
+REPLAY_COMMAND = "python -m lightning_modules replay"
 
 
 class TrackingError(UserError):

@@ -2,7 +2,7 @@
 
 The calls go in their original order and the file (and its kept artifacts) is removed once all are in. A
 call sent twice is stored once (lightning_modules/tracking/buffer.py), so a replay cut short can simply be
-run again: it resumes from the first call not yet sent. The command: `python -m lightning_modules.tracking_replay`.
+run again: it resumes from the first call not yet sent. The command: `python -m lightning_modules replay`.
 
 The file is checked whole before the first call goes (lightning_modules/tracking/buffer.py, `read_pending`):
 a damaged line, or an artifact path outside the file's own artifacts folder, refuses it with nothing sent or

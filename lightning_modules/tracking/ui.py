@@ -4,7 +4,7 @@
   with the tag `mlflow.experimentKind` ("custom_model_development" is the model-training kind), which we set
   once, never overwriting a user's choice. MLflow 3.17's UI, though, picks the view from its own
   GenAI / Model training switch (kept in the browser), which a link sets with `workflowType=machine_learning`;
-  `ui_url` gives that link, and `python -m lightning_modules.mlflow_ui` prints it (make mlflow-ui).
+  `ui_url` gives that link, and `python -m lightning_modules mlflow-ui` prints it (make mlflow-ui).
 - The UI shows the store everything else uses (`resolve_tracking_uri`, lightning_modules/tracking/store.py):
   an SQLite store is served by an `mlflow ui` started on it (`ui_plan` gives the command); a tracking server
   already serves its own UI, so its link is printed and nothing is started. MLflow's deprecated file store

@@ -1,9 +1,10 @@
 """Training with Lightning: the LightningModule, the CLI behind main.py, and the throughput callback.
 
-- language_model.py  the LightningModule: loss, metrics, optimisers, compute accounting, the budget
-- cli.py             LightningCLI with the project's conventions (precision, tracking, resume, run names)
-- throughput.py      tokens per second and model FLOPs utilisation over windows of steps (the peak table)
-- host_sync.py       which steps read device values back; the non-finite loss watch
+- batch_limits.py      the Trainer's limit_*_batches arguments declared integer-first for the CLI
+- cli.py               LightningCLI with the project's conventions (precision, tracking, resume, run names)
 - final_validation.py  a validation at the last step of every fit
-- signals.py         SIGTERM, Ctrl-C, SIGUSR1: save the step, end the run KILLED, exit 128 + the signal
+- host_sync.py         which steps read device values back; the non-finite loss watch
+- language_model.py    the LightningModule: loss, metrics, optimisers, compute accounting, the budget
+- signals.py           SIGTERM, Ctrl-C, SIGUSR1: save the step, end the run KILLED, exit 128 + the signal
+- throughput.py        tokens per second and model FLOPs utilisation over windows of steps (the peak table)
 """

@@ -41,6 +41,7 @@ from lightning_modules.checkpoint.resume_policy import reconcile
 from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError, UserError
 from lightning_modules.costs import counts as costs
+from lightning_modules.costs.budget import Budget
 from lightning_modules.distributed.parallel import ParallelConfig
 from lightning_modules.model.attention import AttentionConfig, resolve_attention
 from lightning_modules.model.config import ModelConfig
@@ -50,7 +51,7 @@ from lightning_modules.tracking import store as tracking
 from lightning_modules.tracking import ui as mlflow_ui
 from lightning_modules.training.batch_limits import BatchLimitTrainer
 from lightning_modules.training.final_validation import ValidateLastStep
-from lightning_modules.training.language_model import Budget, LanguageModel
+from lightning_modules.training.language_model import LanguageModel
 from lightning_modules.training.signals import StopOnSignal
 
 
@@ -201,7 +202,7 @@ class LanguageModelCLI(LightningCLI):
         if not manifest_path.exists():
             raise ConfigError(
                 f"data.data_dir={cfg.data.data_dir}: no manifest.json there; build shards with `make data` "
-                f"or `python -m data.prepare --out {cfg.data.data_dir} ...`"
+                f"or `python -m lightning_modules prepare --out {cfg.data.data_dir} ...`"
             )
         # Manifest.load names a garbled or tampered manifest in one line (a UserError, data/manifest.py).
         manifest = Manifest.load(cfg.data.data_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from lightning_modules.checkpoint import step_log
 from lightning_modules.core import lightning_api
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
+from lightning_modules.costs.budget import Budget
 from lightning_modules.distributed import meta_init
 from lightning_modules.distributed.parallel import (
     ParallelConfig,
@@ -38,30 +39,6 @@ from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer, build_schedule
 from lightning_modules.training import host_sync
-
-
-@dataclass
-class Budget:
-    """Training length in tokens or in FLOPs (at most one). Sets trainer.max_steps per variant, so that
-    variants given one FLOPs budget train on equal compute (within one step's worth)."""
-
-    tokens: float | None = None
-    flops: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.tokens is not None and self.flops is not None:
-            raise ConfigError("model.budget: give tokens or flops, not both")
-        for name in ("tokens", "flops"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"model.budget.{name}={value}: must be > 0")
-
-    def describe(self) -> str:
-        if self.flops is not None:
-            return f"flops={self.flops:.3g}"
-        if self.tokens is not None:
-            return f"tokens={self.tokens:.3g}"
-        return "steps"
 
 
 class NonFiniteLossError(RuntimeError):

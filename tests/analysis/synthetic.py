@@ -15,7 +15,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from lightning_modules.analysis.runs import COST_COLUMNS
+from lightning_modules.analysis.tidy import COST_COLUMNS
 from lightning_modules.costs import counts as costs
 from lightning_modules.model.attention import AttentionConfig, names, resolve_attention
 from lightning_modules.tracking import runs
@@ -144,7 +144,7 @@ def tidy_table(
     flops_per_token[label]. For tests whose answers follow from straight lines, not from a store."""
     import pandas as pd
 
-    from lightning_modules.analysis.runs import columns
+    from lightning_modules.analysis.tidy import columns
 
     rows = []
     for (size, attention, label, seed), points in curves.items():

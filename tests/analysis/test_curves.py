@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from lightning_modules.analysis.curves import mean_curves, plot_loss_curves
-from lightning_modules.analysis.runs import load_runs
 from lightning_modules.analysis.stats import mean_ci
+from lightning_modules.analysis.tidy import load_runs
 from lightning_modules.analysis.units import axis_label, flops_unit, tokens_unit
 from tests.analysis import synthetic
 from tests.analysis.synthetic import tidy_table

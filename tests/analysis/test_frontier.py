@@ -11,15 +11,15 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from lightning_modules.analysis import paper
-from lightning_modules.analysis.errors import MissingMetricsError
+from lightning_modules.analysis.analysis_errors import MissingMetricsError
 from lightning_modules.analysis.frontier import (
     cache_frontier,
     paper_frontier_128m,
     pareto_mask,
     plot_cache_frontier,
 )
-from lightning_modules.analysis.runs import load_runs
 from lightning_modules.analysis.styles import attention_style
+from lightning_modules.analysis.tidy import load_runs
 from tests.analysis import synthetic
 
 matplotlib.use("Agg")

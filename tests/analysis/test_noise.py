@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lightning_modules.analysis.noise import half_width, noise_vs_tokens, seeds_needed
-from lightning_modules.study.noise import main as noise_main
+from lightning_modules.commands.noise_table import main as noise_main
 
 OFFSETS = {1: 0.01, 2: 0.03, 3: 0.05}  # arm - baseline per seed: mean 0.03, sd 0.02
 

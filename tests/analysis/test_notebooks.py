@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from lightning_modules.analysis import notebooks as runner
-from lightning_modules.analysis import run_notebooks as command
-from lightning_modules.analysis.runs import load_runs
 from lightning_modules.analysis.targets import tokens_to_target
+from lightning_modules.analysis.tidy import load_runs
+from lightning_modules.commands import run_notebooks as command
 
 NOTEBOOKS = sorted(runner.NOTEBOOK_DIR.glob("*.ipynb"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,9 +11,14 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from lightning_modules.analysis.errors import MissingMetricsError, MissingTagsError, NoRunsError, StoreError
-from lightning_modules.analysis.runs import columns, final_losses, load_runs
-from lightning_modules.analysis.store import REPO_ROOT, resolve_tracking_uri
+from lightning_modules.analysis.analysis_errors import (
+    MissingMetricsError,
+    MissingTagsError,
+    NoRunsError,
+    StoreError,
+)
+from lightning_modules.analysis.locations import REPO_ROOT, resolve_tracking_uri
+from lightning_modules.analysis.tidy import columns, final_losses, load_runs
 from tests.analysis import synthetic
 
 N_RUNS = len(synthetic.specs())  # 2 sizes x 5 attentions x 2 seeds + 2 sweep runs

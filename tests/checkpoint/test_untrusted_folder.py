@@ -1,7 +1,7 @@
 """A sharded checkpoint folder is read safely by every command (lightning_modules/checkpoint/reader.py): a crafted
 index (.metadata) or a crafted non-tensor value is refused in one line without running its payload, an
 incomplete folder is refused before training starts and before the MLflow run it continues is reopened, and
-every `python -m lightning_modules.consolidate` failure is one line."""
+every `python -m lightning_modules consolidate` failure is one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.checkpoint.consolidate import ConsolidateError, consolidate, write_consolidated
+from lightning_modules.checkpoint.consolidation import ConsolidateError, consolidate, write_consolidated
 from lightning_modules.checkpoint.reader import REQUIRED, read_checkpoint
 from lightning_modules.core.errors import UserError
 from lightning_modules.core.lightning_api import METADATA_FILENAME, load_sharded_values
@@ -170,8 +170,8 @@ def test_every_command_refuses_crafted_and_incomplete_folders_in_one_line(
     torch.save({"state_dict": {}}, plain)
     main = [str(ROOT / "main.py")]
     data = ["--data.data_dir", str(tiny_shards), "--trainer.max_steps", "4"]
-    generate = ["-m", "lightning_modules.generate", "--prompt", "x", "--ckpt"]
-    consolidate_ = ["-m", "lightning_modules.consolidate"]
+    generate = ["-m", "lightning_modules", "generate", "--prompt", "x", "--ckpt"]
+    consolidate_ = ["-m", "lightning_modules", "consolidate"]
     refused = ["evil-index.ckpt: its .metadata holds objects other than", "not loaded"]
     cases: list[Case] = [
         ("fit crafted index", [*main, "fit", *FSDP, *data, "--ckpt_path", str(index)], {}, refused),

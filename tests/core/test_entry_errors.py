@@ -1,5 +1,5 @@
-"""Anticipated failures end in one line through the real entry points (main.py, python -m data.prepare,
-python -m lightning_modules.generate): non-zero exit, the thing named, what to do, no traceback
+"""Anticipated failures end in one line through the real entry points (main.py, python -m lightning_modules prepare,
+python -m lightning_modules generate): non-zero exit, the thing named, what to do, no traceback
 (lightning_modules/core/errors.py). LRKV_DEBUG=1 brings the traceback back."""
 
 from __future__ import annotations
@@ -92,22 +92,31 @@ def _cases(tmp: Path, shards: Path) -> list[Case]:
             "corrupt shard",
             [*main, "--data.data_dir", str(corrupt), "--data.num_workers", "2"],
             {},
-            ["train-00000.tar", "python -m data.verify"],
+            ["train-00000.tar", "python -m lightning_modules verify"],
         ),
         (
             "generate nan",
-            ["-m", "lightning_modules.generate", "--ckpt", str(foreign), "--prompt", "x", "--temperature", "nan"],
+            ["-m", "lightning_modules", "generate", "--ckpt", str(foreign), "--prompt", "x", "--temperature", "nan"],
             {},
             ["temperature=nan", "finite number >= 0"],
         ),
         ("precision env", [a for a in main if a not in ("--trainer.precision", "32-true")], {"LRKV_PRECISION": "fp16"},
          ["LRKV_PRECISION='fp16'", "auto, bf16 or fp32"]),  # read only where no precision is given
         ("long TMPDIR", [*main, "--data.num_workers", "2"], {"TMPDIR": str(deep)}, [f"TMPDIR={deep}", "num_workers=0"]),
-        ("generate unsafe", ["-m", "lightning_modules.generate", "--ckpt", str(unsafe), "--prompt", "x"], {}, ["not loaded"]),
+        ("generate unsafe", ["-m", "lightning_modules", "generate", "--ckpt", str(unsafe), "--prompt", "x"], {}, ["not loaded"]),
     ]  # fmt: skip
     ro = _unwritable(tmp)
     if ro is not None:
-        prep = ["-m", "data.prepare", "--source", "shakespeare", "--out", str(ro / "out"), "--no-progress"]
+        prep = [
+            "-m",
+            "lightning_modules",
+            "prepare",
+            "--source",
+            "shakespeare",
+            "--out",
+            str(ro / "out"),
+            "--no-progress",
+        ]
         cases.append(("prepare read-only", prep, {}, [str(ro), "not writable"]))
     return cases
 
@@ -119,7 +128,7 @@ def test_each_bad_input_ends_in_one_line(tiny_shards: Path, mlflow_uri: str, tmp
 
 def test_debug_env_shows_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    # In this process: the table above runs `python -m lightning_modules.generate` for real, and what
+    # In this process: the table above runs `python -m lightning_modules generate` for real, and what
     # LRKV_DEBUG switches is errors.report, plain Python below the entry's main.
     argv = ["--ckpt", str(tmp_path / "nope.ckpt"), "--prompt", "x"]
     monkeypatch.delenv(DEBUG_ENV, raising=False)

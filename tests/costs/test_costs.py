@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_modules.commands.cost_report import main as costs_main
 from lightning_modules.costs import counts as costs
-from lightning_modules.costs.__main__ import main as costs_main
 from lightning_modules.model.transformer import Transformer
 from tests.helpers import KINDS, attn, nano_model
 

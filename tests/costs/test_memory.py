@@ -12,11 +12,11 @@ from types import ModuleType
 
 import pytest
 
+from lightning_modules.commands.cost_report import main as costs_main
+from lightning_modules.commands.cost_report import memory_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
 from lightning_modules.costs import memory
-from lightning_modules.costs.__main__ import main as costs_main
-from lightning_modules.costs.__main__ import memory_main
 from lightning_modules.costs.fits import fits_table
 from tests.helpers import attn, tiny_model
 

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
+from lightning_modules.commands.cost_report import main as costs_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.core.fragments import fragment
 from lightning_modules.costs import cuda_step, memory
-from lightning_modules.costs.__main__ import main as costs_main
 from lightning_modules.model.attention import load_configs
 from tests.helpers import attn, tiny_model
 

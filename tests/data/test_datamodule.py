@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from data.data_errors import DataError
 from data.datamodule import ShardDataModule
-from data.errors import DataError
 from data.manifest import Manifest
 from data.plan import buffer_permutation, eval_batches, stream_batches
 from tests.data.helpers import SEQ_LEN, read_split

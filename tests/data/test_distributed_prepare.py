@@ -1,4 +1,4 @@
-"""`data.prepare --tasks N` on datatrove: N = 1 equals the one-process path shard for shard, N = 2 is
+"""`lightning_modules.commands.prepare --tasks N` on datatrove: N = 1 equals the one-process path shard for shard, N = 2 is
 reproducible whatever the workers, a killed run redoes only the unfinished task and never touches the finished
 dataset at --out, a failed task names its file, the SLURM path runs with stand-in sbatch/scontrol, and the
 merged dataset trains."""
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from data.manifest import Manifest
-from data.prepare import main as prepare_main
 from data.sources import shakespeare_files
+from lightning_modules.commands.prepare import main as prepare_main
 from tests.conftest import TINY_SEQ_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,14 +84,19 @@ def test_two_tasks_give_the_same_bytes_whatever_the_workers(two_tasks: Path, tmp
     for name, split in manifest.splits.items():
         assert split.dropped_tokens == sum(t["dropped_tokens"][name] for t in per_task)
         assert {s.path.split("-")[1] for s in split.shards} <= {"task00000", "task00001"}
-    assert subprocess.run([sys.executable, "-m", "data.verify", str(two_tasks)], env=env()).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "lightning_modules", "verify", str(two_tasks)], env=env()
+        ).returncode
+        == 0
+    )
 
 
 KILLER = """
 import os, signal, sys
 from datatrove.pipeline.base import PipelineStep
 from data.distributed_prepare import prepare_distributed
-from data.prepare import parse_args
+from lightning_modules.commands.prepare import parse_args
 
 class KillInTask(PipelineStep):
     name = type = "kill"
@@ -128,7 +133,10 @@ def test_killed_run_redoes_only_the_unfinished_task(
     (work / "dataset/train-task00001-00099.tar").write_bytes(b"half a shard of the killed attempt")
 
     resumed = subprocess.run(
-        [sys.executable, "-m", "data.prepare", *command], env=env(), capture_output=True, text=True
+        [sys.executable, "-m", "lightning_modules", "prepare", *command],
+        env=env(),
+        capture_output=True,
+        text=True,
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "Skipping 1 already completed tasks" in resumed.stderr  # datatrove's own completion markers
@@ -190,7 +198,7 @@ def test_slurm_path_without_slurm(two_tasks: Path, tmp_path: Path) -> None:
     slurm_env = {**env(), "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                  "SBATCH_LOG": str(jobs)}  # fmt: skip
     out = tmp_path / "out"
-    submit = [sys.executable, "-m", "data.prepare", *files(), "--out", str(out), *OPTIONS, "--tasks", "2",
+    submit = [sys.executable, "-m", "lightning_modules", "prepare", *files(), "--out", str(out), *OPTIONS, "--tasks", "2",
               "--executor", "slurm", "--slurm-partition", "cpu", "--slurm-cpus-per-task", "4", "--workers", "8"]  # fmt: skip
     result = subprocess.run(submit, env=slurm_env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.data_errors import DataError
 from data.datamodule import ShardDataModule
-from data.errors import DataError
 
 GLOBAL, SLICES = 8, 4
 

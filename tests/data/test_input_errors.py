@@ -1,6 +1,6 @@
 """Bad data and command-line input ends in one line, early, and leaves nothing behind: data-loader options
-and manifests for main.py and data.verify, --vocab-size and unsplittable corpora for data.prepare, counts
-and unsafe YAML for lightning_modules.costs, a prompt longer than the context for lightning_modules.generate
+and manifests for main.py and lightning_modules.commands.verify, --vocab-size and unsplittable corpora for lightning_modules.commands.prepare, counts
+and unsafe YAML for lightning_modules.costs, a prompt longer than the context for lightning_modules.commands.generate
 (the one-line check: tests/one_line.py)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 import data.corpus_tokenizer
 from data.build import prepare
+from data.data_errors import ManifestError, PrepareError
 from data.datamodule import ShardDataModule
 from data.distributed_prepare import prepare_distributed
-from data.errors import ManifestError, PrepareError
 from data.manifest import Manifest
 from data.parallel_options import DistributedOptions
 from data.prepare_config import MAX_VOCAB, MIN_VOCAB, check_options
@@ -56,25 +56,25 @@ def _cases(tmp: Path, shards: Path) -> list[Case]:
     unsafe = tmp / "unsafe.yaml"
     unsafe.write_text('model: !!python/object/apply:os.system ["echo unsafe-code-ran"]\n')
     ckpt, _ = make_checkpoint(tmp)  # seq_len 32
-    prepare = ["-m", "data.prepare", "--source", "shakespeare", "--no-progress"]
-    costs = ["-m", "lightning_modules.costs"]
+    prepare = ["-m", "lightning_modules", "prepare", "--source", "shakespeare", "--no-progress"]
+    costs = ["-m", "lightning_modules", "costs"]
     return [
         ("num_workers -1", [*main, "--data.num_workers", "-1"], {}, ["data.num_workers=-1", "must be 0"]),
         ("batch_size 0", [*main, "--data.batch_size", "0"], {}, ["data.batch_size=0", "at least 1"]),
         ("shard outside the data folder (main.py)", [*main, "--data.data_dir", str(outside)], {},
          ["../elsewhere/", "not a plain file name"]),
-        ("shard outside the data folder (verify)", ["-m", "data.verify", str(outside)], {},
-         ["data.verify: error:", "../elsewhere/", "not a plain file name"]),
+        ("shard outside the data folder (verify)", ["-m", "lightning_modules", "verify", str(outside)], {},
+         ["lightning_modules verify: error:", "../elsewhere/", "not a plain file name"]),
         ("vocab 1e9", [*prepare, "--out", str(tmp / "huge"), "--vocab-size", "1000000000"], {},
          ["--vocab-size 1000000000", str(MAX_VOCAB)]),
         ("vocab 0", [*prepare, "--out", str(tmp / "zero"), "--vocab-size", "0"], {}, ["--vocab-size 0", "257"]),
-        ("one huge document", ["-m", "data.prepare", str(_one_document(tmp, 3)), "--out", str(tmp / "one"),
+        ("one huge document", ["-m", "lightning_modules", "prepare", str(_one_document(tmp, 3)), "--out", str(tmp / "one"),
                                "--no-progress"], {}, ["found before tokenizing", "--txt-doc-chars"]),
         ("costs micro-batch 0", [*costs, "--memory", "--size", "nano", "--micro-batch", "0"], {},
          ["--micro-batch", "at least 1"]),
         ("costs !!python yaml", [*costs, "--config", str(unsafe)], {}, [str(unsafe), "!!python", "line 1"]),
         ("costs --memory !!python yaml", [*costs, "--memory", "--config", str(unsafe)], {}, [str(unsafe), "!!python"]),
-        ("prompt longer than the context", ["-m", "lightning_modules.generate", "--ckpt", str(ckpt), "--prompt",
+        ("prompt longer than the context", ["-m", "lightning_modules", "generate", "--ckpt", str(ckpt), "--prompt",
                                             "the quick brown fox " * 20],
          {}, ["the prompt is", "the model's context is seq_len=32", "shorten the prompt to at most 30 tokens"]),
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""data.prepare: round trip token for token, determinism, splits, and a clear error for each bad input."""
+"""lightning_modules.commands.prepare: round trip token for token, determinism, splits, and a clear error for each bad input."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from tokenizers import Tokenizer
 
 from data import sources
 from data.build import prepare
-from data.errors import PrepareError
+from data.data_errors import PrepareError
 from data.manifest import SPLITS, Manifest, dtype_for_vocab, samples_for_stream
 from data.packing import split_of
-from data.prepare import main
+from lightning_modules.commands.prepare import main
 from tests.data.helpers import SEQ_LEN, corpus_inputs, read_split, tiny_config
 
 
@@ -208,7 +208,15 @@ def test_cli_prints_the_error_without_traceback(tmp_path: Path, capsys: pytest.C
 
 def test_cli_process_exit_code(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "data.prepare", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")],
+        [
+            sys.executable,
+            "-m",
+            "lightning_modules",
+            "prepare",
+            str(tmp_path / "missing.txt"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],

@@ -1,6 +1,6 @@
-"""data.prepare replaces a dataset atomically: a failed rerun leaves the previous one byte-identical, only
+"""lightning_modules.commands.prepare replaces a dataset atomically: a failed rerun leaves the previous one byte-identical, only
 files a manifest lists are ever deleted, a foreign folder needs --force, and an unwritable --out is found
-before any work (through the CLI entry point, data.prepare.main)."""
+before any work (through the CLI entry point, lightning_modules.commands.prepare.main)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import data.corpus_tokenizer
-from data.prepare import main
+from lightning_modules.commands.prepare import main
 from tests.data.helpers import SEQ_LEN, VOCAB, corpus_inputs
 
 

@@ -1,4 +1,4 @@
-"""`data.prepare --tasks N` owns its work folder: a second identical command, while the first runs, is refused
+"""`lightning_modules.commands.prepare --tasks N` owns its work folder: a second identical command, while the first runs, is refused
 in one line and the first finishes (data/work_lock.py); a finished task whose shard was damaged afterwards is
 redone by the next run of the same command instead of failing every rerun (data/task_plan.py)."""
 
@@ -15,13 +15,13 @@ import pytest
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from data.data_errors import PrepareError
 from data.distributed_prepare import prepare_distributed
-from data.errors import PrepareError
 from data.manifest import Manifest
-from data.prepare import main as prepare_main
-from data.prepare import parse_args
-from data.verify import main as verify_main
 from data.work_lock import lock_path, preparation_lock
+from lightning_modules.commands.prepare import main as prepare_main
+from lightning_modules.commands.prepare import parse_args
+from lightning_modules.commands.verify import main as verify_main
 from tests.data.test_distributed_prepare import OPTIONS, env, files
 
 # The first command stops inside its first task (so holding the lock, the tokenizer trained, a task
@@ -31,7 +31,7 @@ import os, sys, time
 from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 from data.distributed_prepare import prepare_distributed
-from data.prepare import parse_args
+from lightning_modules.commands.prepare import parse_args
 
 class WaitInTask(PipelineStep):
     name = type = "wait"
@@ -71,7 +71,7 @@ def test_second_identical_command_is_refused_while_the_first_finishes(tmp_path: 
         try:
             _wait_for(Path(f"{go}.waiting"), first, log)
             work = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out.partial").rglob("*"))
-            second = subprocess.run([sys.executable, "-m", "data.prepare", *command], env=env(),
+            second = subprocess.run([sys.executable, "-m", "lightning_modules", "prepare", *command], env=env(),
                                     capture_output=True, text=True, timeout=300)  # fmt: skip
             assert second.returncode == 1
             errors = [line for line in second.stderr.splitlines() if ": error: " in line]

@@ -9,8 +9,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from data.data_errors import DataError
 from data.datamodule import ShardDataModule
-from data.errors import DataError
 
 
 def _module(

@@ -1,4 +1,4 @@
-"""data.verify and the DataModule's check before training: every kind of bad shard is named."""
+"""lightning_modules.commands.verify and the DataModule's check before training: every kind of bad shard is named."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from data.data_errors import ManifestError, ShardError
 from data.datamodule import ShardDataModule
-from data.errors import ManifestError, ShardError
 from data.manifest import Manifest
 from data.shards import sha256_file, write_shard
 from data.verification import verify
-from data.verify import main
+from lightning_modules.commands.verify import main
 from tests.data.helpers import edit_manifest, read_split
 
 
@@ -180,7 +180,7 @@ def test_seq_len_mismatch(prepared: Path) -> None:
 
 
 def test_missing_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ManifestError, match="no manifest.*data.prepare"):
+    with pytest.raises(ManifestError, match="no manifest.*lightning_modules.commands.prepare"):
         ShardDataModule(str(tmp_path), batch_size=4)
     assert main([str(tmp_path)]) == 1
     assert "no manifest" in capsys.readouterr().err

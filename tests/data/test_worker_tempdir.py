@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from data import worker_tempdir
-from data.errors import DataError
+from data.data_errors import DataError
 
 
 class _Batches(IterableDataset):

@@ -24,7 +24,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.checkpoint.consolidate import consolidate
+from lightning_modules.checkpoint.consolidation import consolidate
 from lightning_modules.generation.checkpoint import load_model
 from main import main
 from tests.fsdp_driver import STEPS, STOP
@@ -167,7 +167,7 @@ def test_two_rank_checkpoint_resumes_on_another_world_size(
 def test_consolidated_checkpoint_serves_one_device(
     fsdp_runs: Path, store: tuple[Path, str], tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """lightning_modules.consolidate gathers a sharded checkpoint into one file that generation and a
+    """lightning_modules.commands.consolidate gathers a sharded checkpoint into one file that generation and a
     single-process test read; the test continues the MLflow run that wrote the checkpoint."""
     work, uri = store
     out = fsdp_runs / "lrkv"

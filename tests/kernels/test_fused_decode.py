@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_modules.kernels import support
-from lightning_modules.model.attention import lrkv_decode
+from lightning_modules.model.attention import lrkv_cached as lrkv_decode
 from lightning_modules.model.layers import RotaryEmbedding
 from tests.model.test_decode import build, decode_all, tokens
 

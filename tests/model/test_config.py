@@ -106,7 +106,7 @@ def test_bad_optimizer_values(fields: dict, message: str) -> None:
 
 
 def test_bad_budget_values() -> None:
-    from lightning_modules.training.language_model import Budget
+    from lightning_modules.costs.budget import Budget
 
     with pytest.raises(ConfigError, match=r"model\.budget\.flops=0\.0: must be > 0"):
         Budget(flops=0.0)

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_modules.commands.generate import main
 from lightning_modules.costs import counts as costs
-from lightning_modules.generate import main
 from lightning_modules.generation.checkpoint import GenerateError, load_model
 from lightning_modules.generation.loop import Sampling, generate
 from lightning_modules.generation.text import load_tokenizer

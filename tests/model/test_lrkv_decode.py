@@ -1,4 +1,4 @@
-"""LRKV's absorbed decode (lightning_modules/model/attention/lrkv_decode.py) against per-head keys built and
+"""LRKV's absorbed decode (lightning_modules/model/attention/lrkv_cached.py) against per-head keys built and
 normalised the plain way: the algebra on random tensors, then whole generations in float64 at prefill, chunked
 and single-token steps, past seq_len, with and without QK-norm; scores in fp32 whatever the weights."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.model.attention import lrkv_decode
+from lightning_modules.model.attention import lrkv_cached as lrkv_decode
 from lightning_modules.model.layers import RotaryEmbedding
 from lightning_modules.model.transformer import Transformer
 from tests.helpers import attn, rms, rope_reference, tiny_model

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lightning_modules.commands.cost_report import main as costs_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
-from lightning_modules.costs.__main__ import main as costs_main
 from lightning_modules.model.attention import AttentionConfig, names, register, resolve, unregister
 from tests.toy_attention import NAME, NarrowValueAttention
 
@@ -105,8 +105,8 @@ def test_toy_attention_in_the_analysis(
 ) -> None:
     from mlflow import MlflowClient
 
-    from lightning_modules.analysis.runs import columns, load_runs
     from lightning_modules.analysis.styles import label_sort_key
+    from lightning_modules.analysis.tidy import columns, load_runs
     from lightning_modules.core.fragments import fragment
     from lightning_modules.model.config import load_model_config
     from lightning_modules.tracking import runs

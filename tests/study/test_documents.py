@@ -1,5 +1,5 @@
 """Every document's loss under a checkpoint, and the command that sets the documents' standard error beside a
-ledger's seed standard error (lightning_modules/study/document_scores.py, lightning_modules/study/documents.py),
+ledger's seed standard error (lightning_modules/scoring/document_scores.py, lightning_modules/scoring/documents_report.py),
 on shards cut into short documents, with small untrained decoders: what is checked is the bookkeeping, not a model."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from data.manifest import Manifest
 from lightning_modules.generation.checkpoint import load_model
 from lightning_modules.model.attention import AttentionConfig
 from lightning_modules.model.transformer import Transformer
-from lightning_modules.study.document_scores import score_documents
-from lightning_modules.study.documents import main
+from lightning_modules.scoring.document_scores import score_documents
+from lightning_modules.scoring.documents_report import main
 from tests.helpers import tiny_model
 
 STEPS = 10
@@ -30,8 +30,8 @@ ARMS = {"mha": "mha", "lrkv-r4": "lrkv"}
 def doc_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two of Shakespeare's texts cut into ~2,000-character documents (the tiny shards keep whole files, one
     document per split), 32-token samples."""
-    from data.prepare import main as prepare
     from data.sources import shakespeare_files
+    from lightning_modules.commands.prepare import main as prepare
 
     out = tmp_path_factory.mktemp("doc_shards")
     files = [str(p) for p in shakespeare_files()[:2]]
@@ -165,7 +165,7 @@ def test_a_checkpoint_that_is_not_the_runs_end_is_refused_or_skipped(
     runs.to_csv(folder / "runs.csv", index=False)
     assert main([str(folder), "--checkpoints", str(checkpoints)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("python -m lightning_modules.study.documents: error: ") and "the ledger says" in err
+    assert err.startswith("python -m lightning_modules score-documents: error: ") and "the ledger says" in err
     assert str(path) in err and not (folder / "documents.csv").exists()  # nothing written
     runs.loc[mha, "test_loss"] -= 0.01
     runs.to_csv(folder / "runs.csv", index=False)

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger
 from lightning_modules.study import protocol as protocols
-from lightning_modules.study.__main__ import main as study_main
 from tests.study.test_study import _starts, micro_protocol
 
 ONE_ARM = "[{kind: mha}]"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from data import sources
-from data.prepare import main as prepare
 from data.shards import decode_npy
+from lightning_modules.commands.prepare import main as prepare
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
 from lightning_modules.model.attention import as_resolved

@@ -14,10 +14,10 @@ import scipy.stats
 
 from lightning_modules.analysis import forest, pairwise, pooled
 from lightning_modules.analysis.multiplicity import holm
-from lightning_modules.analysis.runs import COLUMNS
+from lightning_modules.analysis.tidy import COLUMNS
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.reporting import readme, report
 from lightning_modules.study import protocol as protocols
-from lightning_modules.study import readme, report, summary
 from tests.study.test_study import micro_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,15 +270,6 @@ def test_the_page_says_when_no_primary_comparison_was_declared_and_lists_primary
                                                              ("lrkv-r16", "mha")]  # fmt: skip
 
 
-def test_the_front_page_block_of_an_older_table_is_unchanged_and_a_new_one_shows_holm_p() -> None:
-    runs = three_arms()
-    diffs = report.paired_differences(runs)
-    old = diffs.drop(columns=["p", "p_holm", "family"])
-    arms = report.arm_table(runs)
-    assert "Holm p" not in summary.block("x", arms, old, pd.DataFrame())
-    assert "| Holm p | resolved |" in summary.block("x", arms, diffs, pd.DataFrame())
-
-
 def test_seed_noise_names_the_range_of_pair_counts_when_an_arm_is_a_seed_short() -> None:
     runs = three_arms()
     full = readme.resolution(report.paired_differences(runs))
@@ -358,9 +349,7 @@ def test_the_report_of_the_committed_cpu_ledger_writes_pairs_pooled_and_the_fore
         ROOT
     )  # the data fragment names data_dir relative to the repository, as main.py reads it
     protocol = protocols.load(ROOT / "conf/study/cpu.yaml")
-    out = report.write(
-        protocol, f"sqlite:///{tmp_path / 'none.db'}", tmp_path / "out", None, ROOT / "results/cpu"
-    )
+    out = report.write(protocol, f"sqlite:///{tmp_path / 'none.db'}", tmp_path / "out", ROOT / "results/cpu")
     pairs = pd.read_csv(out / "pairs.csv").set_index(["view", "a", "b"])
     assert pairs.loc[("equal_flops", "lrkv-r16", "mla-c128"), "p"] == pytest.approx(0.0121, abs=5e-4)
     assert len(pd.read_csv(out / "pooled.csv")) == 10 and (out / "pairs.png").stat().st_size > 0
@@ -370,10 +359,10 @@ def test_the_report_of_the_committed_cpu_ledger_writes_pairs_pooled_and_the_fore
     assert "2 primary comparison(s) declared by the protocol" in page and "Pooled arm + seed model" in page
     runs = page[page.index("## Runs (one row per run") :]
     assert runs.count("| cpu-no-native-bf16 |") == 25  # every ledger run with the CPU kind it ran on
-    # the page points to the documents' page (python -m lightning_modules.study.documents) only once it exists
+    # the page points to the documents' page (python -m lightning_modules score-documents) only once it exists
     assert "documents.md" not in page
     (out / "documents.md").write_text("# Seeds and documents\n")
-    report.write(protocol, f"sqlite:///{tmp_path / 'none.db'}", out, None, ROOT / "results/cpu")
+    report.write(protocol, f"sqlite:///{tmp_path / 'none.db'}", out, ROOT / "results/cpu")
     assert (
         "How far the evaluation documents, not only the seeds, move each gap: `documents.md`"
         in (out / "README.md").read_text()

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
+from lightning_modules.commands.run_study import main as study_main
+from lightning_modules.study import claims as store_module
 from lightning_modules.study import lock
 from lightning_modules.study import protocol as protocols
-from lightning_modules.study import store as store_module
-from lightning_modules.study.__main__ import main as study_main
-from lightning_modules.study.store import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
+from lightning_modules.study.claims import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
 from lightning_modules.tracking.runs import git_commit
 from tests.one_line import Case, assert_each_ends_in_one_line
 from tests.study.test_study import MICRO_FLOPS, micro_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
-STUDY = ["-m", "lightning_modules.study"]
+STUDY = ["-m", "lightning_modules", "study"]
 
 
 def one_run_protocol(folder: Path, shards: Path, budget: float = MICRO_FLOPS) -> Path:
@@ -127,7 +127,7 @@ def test_a_second_worker_on_a_locked_run_trains_nothing(tmp_path: Path, mlflow_u
         assert lock.holder(folder) == os.getpid()
         with pytest.raises(lock.RunLockedError, match=f"pid {os.getpid()}"):
             lock.hold(folder, "abc")
-        worker = [sys.executable, "-m", "lightning_modules.study.worker", "--run-id", "abc"]
+        worker = [sys.executable, "-m", "lightning_modules", "study-worker", "--run-id", "abc"]
         worker += ["--checkpoint-dir", str(folder), "--every", "1", "--", "--never-parsed"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""results/<protocol>/README.md's Runs section (lightning_modules/study/runs_section.py): order and formatting."""
+"""results/<protocol>/README.md's Runs section (lightning_modules/reporting/runs_section.py): order and formatting."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from lightning_modules.study.runs_section import runs_section
+from lightning_modules.reporting.runs_section import runs_section
 
 
 def _row(**kw: object) -> dict[str, object]:

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
+from lightning_modules.reporting.report import last_attempt_s
 from lightning_modules.study import protocol as protocols
-from lightning_modules.study.__main__ import main as study_main
-from lightning_modules.study.report import last_attempt_s
-from lightning_modules.study.store import CHECKPOINT_DIR, HEARTBEAT, Store
+from lightning_modules.study.claims import CHECKPOINT_DIR, HEARTBEAT, Store
 from tests.conftest import TINY_SEQ_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     # (runner and worker) once the run has written a checkpoint, then run the same command again.
     victim = protocols.load(path).runs[0]  # mha seed 1
     store.client.delete_run(store.runs_of(victim.identity)[0].info.run_id)
-    cmd = [sys.executable, "-m", "lightning_modules.study", *args]
+    cmd = [sys.executable, "-m", "lightning_modules", "study", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -1,18 +1,17 @@
-"""The study's front-page numbers: cache-matched differences paired by seed, the README block built from the
-tables, its rewrite between markers only, and the committed README agreeing with the committed results/."""
+"""A study's summary numbers: cache-matched differences paired by seed, the results index (results/README.md)
+built from the tables, rewritten whole, and the committed index agreeing with the committed results/."""
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from lightning_modules.analysis import pairwise
-from lightning_modules.analysis.runs import COLUMNS
-from lightning_modules.study import report, summary
+from lightning_modules.analysis.tidy import COLUMNS
+from lightning_modules.reporting import readme, report, results_index
 
 ROOT = Path(__file__).resolve().parents[2]
 MHA_CACHE = 4096.0
@@ -61,86 +60,74 @@ def test_cache_matched_pairs_every_other_attention_with_the_lrkv_arm_of_equal_ca
     assert not undeclared.loc["gqa-g2", "resolved"]  # p = 0.02 does not survive Holm over all 15 pairs
 
 
-def test_block_has_every_arm_its_difference_to_mha_and_the_matched_table() -> None:
+def test_a_matched_table_of_an_older_report_has_no_p_columns_and_a_new_one_has_holm_p() -> None:
+    matched = report.cache_matched_differences(finals_table())
+    old = matched.drop(columns=["p", "p_holm", "family"])
+    assert "Holm p" not in readme.matched_view(old).columns
+    view = readme.matched_view(matched).set_index("arm")
+    assert view.loc["gqa-g2", "resolved (Holm p < 0.05)"] == "no"  # Holm over all 15 undeclared pairs
+    assert view.loc["gqa-g2", "test CE diff"].startswith("+0.0400 [")
+
+
+def study_folder(tmp_path: Path, name: str = "cpu-cache") -> Path:
+    """A results folder as the report writes it, from the synthetic runs, and its protocol file."""
     runs = finals_table()
-    text = summary.block("cpu-cache", report.arm_table(runs), report.paired_differences(runs),
-                         report.cache_matched_differences(runs))  # fmt: skip
-    assert text.startswith(summary.begin_marker("cpu-cache")) and text.endswith(
-        summary.end_marker("cpu-cache")
+    primary = [("lrkv-r16", "mha"), ("gqa-g2", "lrkv-r16")]
+    folder = tmp_path / "results" / name
+    folder.mkdir(parents=True)
+    report.arm_table(runs).to_csv(folder / "arms.csv", index=False)
+    pairwise.pair_table(runs, primary).to_csv(folder / "pairs.csv", index=False)
+    pd.DataFrame({"test_loss": [1.0] * 17 + [math.nan]}).to_csv(folder / "runs.csv", index=False)
+    conf = tmp_path / "conf"
+    conf.mkdir(exist_ok=True)
+    (conf / f"{name}.yaml").write_text(
+        "description: >-\n  six arms at 5m; primary lrkv against mha. More words.\n"
+        "sizes: [5m]\narms: [{kind: mha}, {kind: lrkv}, {kind: gqa}, {kind: mla}, {kind: lrkv}, {kind: mqa}]\n"
+        "seeds: [1, 2, 3]\n"
     )
-    for label in ARMS:
-        assert f"| 5m | {label} |" in text
-    assert "| 5m | lrkv-r16 | 50.0 % | 250,000 | 3 | 2.9633 [" in text
-    assert "-0.0867 [" in text  # lrkv-r16 - mha, mean of -0.10, -0.08, -0.08
-    assert "| 5m | gqa-g2 | lrkv-r16 | 50.0 % | 3 | +0.0400 [" in text
+    return folder
 
 
-def readme_with_blocks(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "README.md"
-    path.write_text(
-        "# Project\n\nbefore\n\n"
-        f"{summary.begin_marker('cpu')}\nold numbers\n{summary.end_marker('cpu')}\n\n"
-        f"{summary.begin_marker('cpu-cache')}\nother study\n{summary.end_marker('cpu-cache')}\n\n{body}"
+def test_the_index_row_has_the_question_arms_seeds_headline_and_progress(tmp_path: Path) -> None:
+    folder = study_folder(tmp_path)
+    row = results_index.study_row(folder, tmp_path / "conf" / "cpu-cache.yaml")
+    assert row["question"] == "six arms at 5m"
+    assert row["arms"] == ", ".join(ARMS) and row["seeds"] == "3"
+    assert row["tokens per run (mha)"] == "0.25 M"
+    pairs = pd.read_csv(folder / "pairs.csv")
+    first = pairs[(pairs["view"] == "equal_flops") & (pairs["family"] == "primary")].iloc[0]
+    assert row["headline (nats, test CE)"].startswith(
+        f"{first['a']} - {first['b']}: {first['diff_mean']:+.4f} ["
     )
-    return path
+    assert row["runs done"] == "17 of 18"  # one run without a test loss is not done
 
 
-def test_update_readme_rewrites_only_its_own_block_and_is_idempotent(tmp_path: Path) -> None:
-    path = readme_with_blocks(tmp_path, "after\n")
-    before = path.read_text()
-    new = f"{summary.begin_marker('cpu')}\nnew numbers\n{summary.end_marker('cpu')}"
-    assert summary.update_readme(path, "cpu", new) is True
-    after = path.read_text()
-    assert after == before.replace("old numbers", "new numbers")
-    assert summary.update_readme(path, "cpu", new) is False and path.read_text() == after
-    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # the temporary file is gone
+def test_the_index_is_rewritten_whole_and_only_when_it_changes(tmp_path: Path) -> None:
+    folder = study_folder(tmp_path)
+    results, conf = folder.parent, tmp_path / "conf"
+    assert results_index.write_index(results, conf) is True
+    text = (results / "README.md").read_text()
+    assert "[cpu-cache](cpu-cache/README.md)" in text and text.startswith("# Results")
+    assert results_index.write_index(results, conf) is False
+    assert sorted(p.name for p in results.iterdir()) == ["README.md", "cpu-cache"]  # no temporary file left
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["no markers at all\n", f"{summary.end_marker('cpu')}\n{summary.begin_marker('cpu')}\n",
-     f"{summary.begin_marker('cpu')}\n{summary.begin_marker('cpu')}\n{summary.end_marker('cpu')}\n"],
-    ids=["missing", "reversed", "doubled"],
-)  # fmt: skip
-def test_a_readme_without_one_marker_pair_is_refused_and_left_alone(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "README.md"
-    path.write_text(text)
-    with pytest.raises(summary.ReadmeBlockError, match="exactly one pair of markers for study 'cpu'"):
-        summary.update_readme(path, "cpu", "whatever")
-    assert path.read_text() == text
-
-
-def test_report_refuses_a_readme_it_cannot_update_before_writing_anything(
+def test_report_into_another_folder_leaves_its_parent_alone(
     tiny_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lightning_modules.study.__main__ import main as study_main
+    """--out elsewhere writes the study's folder only: a README.md beside it is the user's, not the index."""
+    from lightning_modules.commands.run_study import main as study_main
     from tests.study.test_study import micro_protocol
 
     path = micro_protocol(tmp_path, tiny_shards)
-    out = tmp_path / "results"
-    for readme, expected in (
-        (tmp_path / "missing.md", "missing.md: cannot read it"),
-        (readme_with_blocks(tmp_path, ""), "exactly one pair of markers for study 'micro'"),
-    ):
-        assert study_main([str(path), "--report", "--readme", str(readme), "--out", str(out)]) == 2
-        assert expected in capsys.readouterr().err
-        assert not out.exists()  # fmt: skip
+    theirs = tmp_path / "README.md"
+    theirs.write_text("the user's own notes\n")
+    study_main([str(path), "--report", "--out", str(tmp_path / "out")])
+    assert theirs.read_text() == "the user's own notes\n"
 
 
-def committed_results() -> list[Path]:
-    return sorted(p.parent for p in (ROOT / "results").glob("*/arms.csv"))
-
-
-def test_every_readme_block_has_its_results_folder_and_every_folder_its_block() -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"<!-- study (\S+): begin", readme)
-    assert sorted(blocks) == [p.name for p in committed_results()]
-
-
-@pytest.mark.parametrize("folder", committed_results(), ids=lambda p: p.name)
-def test_readme_numbers_are_what_the_committed_results_give(folder: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert summary.current_block(readme, folder.name) == summary.block_from_results(folder), (
-        f"README.md's block for {folder.name} is stale: python -m lightning_modules.study "
-        f"conf/study/{folder.name}.yaml --report --readme README.md"
+def test_the_committed_index_is_what_the_committed_results_give() -> None:
+    committed = (ROOT / "results" / "README.md").read_text()
+    assert committed == results_index.index(ROOT / "results", ROOT / "conf" / "study"), (
+        "results/README.md is stale: python -m lightning_modules study conf/study/<p>.yaml --report rebuilds it"
     )

@@ -1,4 +1,4 @@
-"""The sweep across protocols (lightning_modules/study/sweep.py) on synthetic ledgers with known answers."""
+"""The sweep across protocols (lightning_modules/commands/sweep.py) on synthetic ledgers with known answers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import scipy.stats
 
+from lightning_modules.analysis import sweep_curves, sweep_gaps, sweep_table
+from lightning_modules.commands import sweep
 from lightning_modules.core.errors import ConfigError
-from lightning_modules.study import sweep, sweep_curves, sweep_gaps, sweep_table
 
 # mha: 0.5x beats 1x by 0.10, 0.12, 0.11 on seeds 1-3; lrkv: 0.5x is worse by 0.02, 0.00, 0.04
 LOSSES = {

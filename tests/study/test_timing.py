@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.core import precision
 from lightning_modules.study import protocol as protocols
 from lightning_modules.study import timing
-from lightning_modules.study.__main__ import main as study_main
 from lightning_modules.study.runner import machine
 from tests.study.test_study import micro_protocol
 
@@ -33,7 +33,7 @@ def write_ledger(folder: Path, rows: list[dict[str, str]]) -> Path:
 def row(label: str, seconds: float, hardware: str = "cpu-native-bf16", **extra: str) -> dict[str, str]:
     return {"identity": f"{label}-{seconds}", "test_loss": "3.7", "size": "5m", "label": label,
             "duration_s": str(seconds), "machine": "AMD EPYC, 2 cores", "hardware": hardware,
-            "command": "python -m lightning_modules.study conf/study/main.yaml --workers 1 --max-runs 2",
+            "command": "python -m lightning_modules study conf/study/main.yaml --workers 1 --max-runs 2",
             **extra}  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def test_the_mean_of_the_same_arm_on_a_like_machine_else_the_longest_of_the_size
 def test_the_ledger_gives_finished_whole_runs_with_their_machine_and_workers(tmp_path: Path) -> None:
     folder = write_ledger(tmp_path, [
         row("mha", 2805.3),
-        row("mqa", 2400.0, command="python -m lightning_modules.study conf/study/main.yaml --workers=2"),
+        row("mqa", 2400.0, command="python -m lightning_modules study conf/study/main.yaml --workers=2"),
         row("gqa-g2", 1000.0, resumed_from_step="1200", last_attempt_s="400.0"),  # its time holds the pause and
         # its last attempt trained part of it: left out
         row("mqa", 5000.0, resumed_from_step="0", last_attempt_s="2600.0"),  # restarted: its last attempt, whole
@@ -75,7 +75,7 @@ def test_the_ledger_gives_finished_whole_runs_with_their_machine_and_workers(tmp
         timing.Done("5m", "mqa", EPYC, 2600.0),
     ]
     assert timing.from_ledger(tmp_path / "none") == []
-    assert timing.workers_of("python -m lightning_modules.study p.yaml") == 1
+    assert timing.workers_of("python -m lightning_modules study p.yaml") == 1
 
 
 def test_hours_leaves_a_run_that_would_end_after_the_window_for_later(

@@ -77,7 +77,7 @@ def test_make_mlflow_ui_is_the_command_alone() -> None:
     makefile = (ROOT / "Makefile").read_text().splitlines()
     start = makefile.index("mlflow-ui: $(STAMP)")
     recipe = list(itertools.takewhile(lambda line: line.startswith("\t"), makefile[start + 1 :]))
-    assert recipe == ["\t$(PY) -m lightning_modules.mlflow_ui"]
+    assert recipe == ["\t$(PY) -m lightning_modules mlflow-ui"]
 
 
 def test_a_users_experiment_kind_is_kept(mlflow_uri: str) -> None:

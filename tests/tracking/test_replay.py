@@ -18,7 +18,7 @@ from lightning_modules.tracking.buffer import FORMAT, BufferedClient, read_pendi
 from tests.one_line import Case, assert_each_ends_in_one_line
 
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing answers
-REPLAY = ["-m", "lightning_modules.tracking_replay"]
+REPLAY = ["-m", "lightning_modules", "replay"]
 
 
 def new_run(store: str) -> tuple[MlflowClient, str]:
@@ -118,9 +118,9 @@ def test_untrusted_pending_files_and_bad_stores_end_in_one_line_with_nothing_sen
         ("unknown op", [*REPLAY, str(unknown)], {}, ["line 3", "unknown op 'delete_run'"]),
         ("file store", [*REPLAY, str(plain), "--tracking-uri", str(file_store)], {}, ["--tracking-uri", "sqlite:///"]),
         ("no such file", [*REPLAY, str(tmp_path / "nope.jsonl")], {}, ["nope.jsonl", "no such pending"]),
-        ("ui file store", ["-m", "lightning_modules.mlflow_ui", "--dry-run"],
+        ("ui file store", ["-m", "lightning_modules", "mlflow-ui", "--dry-run"],
          {"MLFLOW_TRACKING_URI": str(file_store)}, ["file store", "sqlite:///"]),
-        ("ui dead server", ["-m", "lightning_modules.mlflow_ui", "--dry-run"],
+        ("ui dead server", ["-m", "lightning_modules", "mlflow-ui", "--dry-run"],
          {"MLFLOW_TRACKING_URI": DEAD, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}, [DEAD, "unreachable"]),
     ]  # fmt: skip
     assert_each_ends_in_one_line(cases, tmp_path)

@@ -114,7 +114,7 @@ def test_server_away_at_the_end_saves_the_calls_beside_the_checkpoints_and_repla
     folder = Path(cli.trainer.checkpoint_callback.dirpath)
     pending = folder / f"mlflow-pending-{run_id}.jsonl"
     assert pending.is_file() and (folder / "last.ckpt").is_file()  # training finished and checkpointed
-    assert f"python -m lightning_modules.tracking_replay {pending}" in caplog.text
+    assert f"python -m lightning_modules replay {pending}" in caplog.text
 
     assert tracking_replay.main([str(pending)]) == 1  # still away: refused, nothing lost
     assert pending.is_file()

@@ -1,6 +1,17 @@
 """The attention family behind one interface. Adding a variant is one file (a class with its Knobs), one
 line here, one YAML fragment in conf/attention/; everything that lists attentions or knobs reads the
-registry (attention/registry.py)."""
+registry (attention/registry.py).
+
+- base.py         the interface every attention variant implements
+- cache.py        the decode cache of one attention layer
+- gqa.py          multi-head, grouped-query and multi-query attention
+- kernel.py       the one place that chooses the attention kernel (docs/attentions.md)
+- knobs.py        how a variant declares its knobs
+- lrkv.py         low-rank key-value attention (LRKV): shared keys and values plus per-head low-rank residuals
+- lrkv_cached.py  LRKV's exact decode scores from the compressed cache, keys never rebuilt
+- mla.py          multi-head latent attention, DeepSeek-V2 form (docs/attentions.md, "mla")
+- registry.py     the attention registry
+"""
 
 from lightning_modules.model.attention.base import Attention
 from lightning_modules.model.attention.gqa import (

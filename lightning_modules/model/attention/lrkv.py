@@ -35,7 +35,7 @@ from lightning_modules.model.attention.base import Attention
 from lightning_modules.model.attention.cache import TIME, LayerCache
 from lightning_modules.model.attention.kernel import attend, attention_probs, masked_softmax
 from lightning_modules.model.attention.knobs import knob
-from lightning_modules.model.attention.lrkv_decode import (
+from lightning_modules.model.attention.lrkv_cached import (
     key_scale,
     latent_scores,
     query_maps,
