@@ -17,7 +17,11 @@ def main(args: list[str] | None = None) -> LanguageModelCLI:
     return _main(args)
 
 
+def run(args: list[str] | None = None) -> int:
+    """What `python main.py ARGS` does, exit code included. SIGTERM, Ctrl-C, SIGUSR1: a checkpoint at the
+    step's end, then 128 + the signal's number (lightning_modules/training/signals.py)."""
+    return run_stoppable(lambda: run_entry(lambda: main(args) and 0, "main.py"), "main.py")
+
+
 if __name__ == "__main__":
-    # SIGTERM, Ctrl-C, SIGUSR1: a checkpoint at the step's end, then 128 + the signal's number
-    # (lightning_modules/training/signals.py)
-    sys.exit(run_stoppable(lambda: run_entry(lambda: main() and 0, "main.py"), "main.py"))
+    sys.exit(run())

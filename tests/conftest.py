@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,3 +101,42 @@ def mlflow_server(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_server_process.uri)
     return _mlflow_server_process
+
+
+# ----- the fast tier ---------------------------------------------------------------------------------------
+# `make test-fast` sets LRKV_FAST_LIMIT_S: a test not marked slow whose setup and call together take longer
+# fails there, with a note to mark it, so the fast tier stays fast as tests are added. `make test` (CI) sets
+# nothing and never judges time.
+def _fast_limit() -> float | None:
+    text = os.environ.get("LRKV_FAST_LIMIT_S", "")
+    try:
+        return float(text) if text else None
+    except ValueError:
+        raise pytest.UsageError(f"LRKV_FAST_LIMIT_S={text!r}: give a number of seconds") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    limit = item.config.stash.get(_LIMIT, None)
+    if limit is None or item.get_closest_marker("slow") is not None or report.when not in ("setup", "call"):
+        return report
+    spent = item.stash.get(_SPENT, 0.0) + report.duration
+    item.stash[_SPENT] = spent
+    if report.when == "call" and report.passed and spent > limit:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {spent:.1f} s (setup and call) in the fast tier, over LRKV_FAST_LIMIT_S={limit:g}: "
+            "mark it @pytest.mark.slow (or make it faster)"
+        )
+    return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_LIMIT] = _fast_limit()  # read once: a test that sets the variable changes only its own runs
+
+
+_SPENT = pytest.StashKey[float]()
+_LIMIT = pytest.StashKey[float | None]()

@@ -163,13 +163,14 @@ def test_every_package_docstring_lists_its_modules() -> None:
 def test_the_docstring_rule_can_fail(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
-    (package / "__init__.py").write_text('"""Lists a.py only."""\n')
-    (package / "a.py").write_text("")
-    (package / "b.py").write_text("")
+    listed, unlisted = (f"{name}.py" for name in ("listed", "unlisted"))
+    (package / "__init__.py").write_text(f'"""Lists {listed} only."""\n')
+    for name in (listed, unlisted):
+        (package / name).write_text("")
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     assert [
         p.name for p in sorted(package.glob("*.py")) if p.name != "__init__.py" and p.name not in doc
-    ] == ["b.py"]
+    ] == [unlisted]
 
 
 def test_commands_only_parse_arguments_and_call_the_library() -> None:

@@ -2,7 +2,7 @@
 
 FSDP runs (conf/strategy/fsdp.yaml, hybrid-fsdp.yaml) save each checkpoint as a directory of per-rank shards
 plus Lightning's meta.pt (docs/architecture.md, "Scale"); they resume from it on any world size that
-divides the data slices (README "Elastic resume"); this reads shards written by any world size. Everything that
+divides the data slices (docs/cluster.md, "Elastic resume"); this reads shards written by any world size. Everything that
 reads a checkpoint file on one device (test / validate without FSDP, lightning_modules.commands.generate, the
 analysis) takes the consolidated file: full weights, hyper-parameters, compute counters, the MLflow run id.
 Optimiser states are left out: they are keyed by parameter name for FSDP and would not restore into a

@@ -19,7 +19,6 @@ import pandas as pd
 
 from lightning_modules.analysis.formatting import md_table, p_value, percent, plain, signed
 from lightning_modules.costs.counts import BASELINE
-from lightning_modules.reporting import results_index
 from lightning_modules.reporting.runs_section import runs_section
 from lightning_modules.study.protocol import ROOT, UTC_FORMAT, Protocol
 

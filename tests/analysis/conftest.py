@@ -36,7 +36,7 @@ def tiny_run_store(
     attentions at nano on tiny shards and one small FLOPs budget (a handful of steps, validation every 2)."""
     import os
 
-    from lightning_modules import compare
+    from lightning_modules.commands import compare
     from tests.conftest import TINY_SEQ_LEN
 
     uri = new_store("tiny_run_store")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_modules import generate
+from lightning_modules.commands import generate
 from lightning_modules.core.errors import DEBUG_ENV
 from tests.conftest import TINY_SEQ_LEN
 from tests.one_line import Case, assert_each_ends_in_one_line

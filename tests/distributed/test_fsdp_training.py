@@ -201,7 +201,7 @@ def free_port() -> int:
 def test_hybrid_fsdp_across_two_torchrun_nodes(
     tiny_shards: Path, store: tuple[Path, str], fsdp_runs: Path
 ) -> None:
-    """Two torchrun agents, one per "node", one process each (the README's multi-node command on one
+    """Two torchrun agents, one per "node", one process each (docs/cluster.md's multi-node command on one
     machine): a (replicate 2, shard 1) mesh; fit, sharded checkpoint and exact resume, and the same losses
     as full sharding over the same two ranks (both are data parallel over the same batches)."""
     work, uri = store

@@ -74,7 +74,7 @@ def test_toy_knob_is_a_config_field_with_its_checks(toy: str) -> None:
 
 
 def test_toy_attention_in_the_clis_choices(toy: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_modules import compare
+    from lightning_modules.commands import compare
     from lightning_modules.training.cli import main
 
     fragments = ["--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml")]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_modules import compare
+from lightning_modules.commands import compare
 from tests.conftest import TINY_SEQ_LEN
 
 

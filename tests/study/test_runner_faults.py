@@ -137,7 +137,7 @@ def test_a_second_worker_on_a_locked_run_trains_nothing(tmp_path: Path, mlflow_u
         assert "Traceback" not in done.stderr
         # A worker whose runner is not its parent (the runner died before the worker started) trains nothing.
         orphan = subprocess.run(
-            [*worker[:5], "--runner-pid", str(dead_pid()), *worker[5:]],
+            [*worker[:6], "--runner-pid", str(dead_pid()), *worker[6:]],
             env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert orphan.returncode == 2 and "runner pid" in orphan.stderr and "is gone" in orphan.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_modules import mlflow_ui
+from lightning_modules.commands import mlflow_ui
 from lightning_modules.tracking import ui
 from main import main
 from tests.mlflow_server import MlflowServer

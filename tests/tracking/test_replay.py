@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from lightning_modules import tracking_replay
+from lightning_modules.commands import replay_pending as tracking_replay
 from lightning_modules.tracking import buffer
 from lightning_modules.tracking.buffer import FORMAT, BufferedClient, read_pending, write_pending
 from tests.one_line import Case, assert_each_ends_in_one_line

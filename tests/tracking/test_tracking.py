@@ -16,7 +16,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lightning_modules import tracking_replay
+from lightning_modules.commands import replay_pending as tracking_replay
 from lightning_modules.tracking.buffer import BufferedClient
 from lightning_modules.tracking.logger import TrackingRunNotFoundError
 from lightning_modules.training.language_model import NonFiniteLossError
