@@ -41,6 +41,7 @@ def runs(synthetic_store: str) -> pd.DataFrame:
     return load_runs(synthetic_store)
 
 
+@pytest.mark.slow
 def test_frontier_of_the_synthetic_store(runs: pd.DataFrame) -> None:
     frontier = cache_frontier(runs)
     nano = frontier[frontier["size"] == "nano"]

@@ -15,6 +15,8 @@ from lightning_modules.analysis.targets import tokens_to_target
 from lightning_modules.analysis.tidy import load_runs
 from lightning_modules.commands import run_notebooks as command
 
+pytestmark = pytest.mark.slow  # each test executes notebooks against a store that fits build
+
 NOTEBOOKS = sorted(runner.NOTEBOOK_DIR.glob("*.ipynb"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 Executed = tuple[Path, list[runner.Outcome]]  # the figures folder and each notebook's outcome
@@ -64,6 +66,7 @@ def executed(store: str, tmp_path_factory: pytest.TempPathFactory) -> Executed:
     return out, outcomes
 
 
+@pytest.mark.slow
 def test_every_notebook_runs_against_the_store(executed: Executed) -> None:
     _, outcomes = executed
     assert [(o.name, o.status, o.message) for o in outcomes] == [(n, "ok", "") for n, _ in runner.NOTEBOOKS]
@@ -116,6 +119,7 @@ def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "file store" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_notebook_opened_on_an_empty_store_fails_clearly(
     new_store: Callable[[str], str], tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ def runs(synthetic_store: str) -> pd.DataFrame:
     return load_runs(synthetic_store)
 
 
+@pytest.mark.slow
 def test_columns_and_dtypes(runs: pd.DataFrame) -> None:
     assert tuple(runs.columns) == columns()
     for column in ("run_id", "run_name", "size", "attention", "label", "budget", "git_commit", "split"):

@@ -127,6 +127,7 @@ def test_in_process_probe_counts_the_arm_alone(bench: ModuleType) -> None:
     assert step.calls == 4  # one warm step outside the window, three inside
 
 
+@pytest.mark.slow
 def test_memory_probe_runs_in_this_process_reset_per_arm(
     bench: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +160,7 @@ def test_in_process_probe_reads_this_process_memory(bench: ModuleType) -> None:
 
 
 # ----- one arm's failure ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_arm_failing_leaves_the_others(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     prepare = bench.prepare_steps
 
@@ -205,6 +207,7 @@ def test_one_arm_failing_leaves_the_others(bench: ModuleType, monkeypatch: pytes
     )
 
 
+@pytest.mark.slow
 def test_a_failing_memory_probe_keeps_the_speed(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken(FakeMeter):
         def peak(self) -> int:
@@ -285,6 +288,7 @@ def test_fixed_context_step_is_replayable(bench: ModuleType, kind: str) -> None:
 
 
 # ----- end to end ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_process_run_with_graph_flag_and_output_file(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

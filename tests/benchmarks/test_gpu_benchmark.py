@@ -37,6 +37,7 @@ def test_without_cuda_it_says_so_and_exits_cleanly(
     assert "no CUDA device here" in captured.err and captured.out == ""
 
 
+@pytest.mark.slow
 def test_cpu_smoke_run_gives_every_row(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     tiny = ["--device", "cpu", "--sizes", "nano", "--seq-len", "32", "--batch-size", "2", "--steps", "1"]
     assert bench.main([*tiny, "--warmup", "0", "--compile", "off", "--json"]) == 0

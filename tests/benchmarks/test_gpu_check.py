@@ -174,6 +174,7 @@ def test_summary_tables_carry_the_rows(gpu: ModuleType) -> None:
     assert "(table failed" in text and "42" in text  # a JSON shape the table does not know comes out raw
 
 
+@pytest.mark.slow
 def test_gpu_plan_spells_out_the_benchmarks_flags(gpu: ModuleType, tmp_path: Path) -> None:
     plan = {s.name: s for s in gpu.steps.plan(False, tmp_path, tmp_path / "bundle")}
     auto, flash = plan["train-auto"].args, plan["train-flash"].args
@@ -198,6 +199,7 @@ def test_gpu_plan_spells_out_the_benchmarks_flags(gpu: ModuleType, tmp_path: Pat
         assert {f for f in flags if f not in done.stdout} == set(), script
 
 
+@pytest.mark.slow
 def test_step_modules_import_without_the_packages_the_image_lacks(gpu: ModuleType) -> None:
     hidden = gpu.steps.MISSING_ON_IMAGE
     modules = ["scripts/gpu_check.py", *(f"scripts/gpu/{n}.py" for n in ("steps", "runner", "summary", "launch", "site",
@@ -221,6 +223,7 @@ def test_step_modules_import_without_the_packages_the_image_lacks(gpu: ModuleTyp
     assert done.stdout.strip() == "hidden"
 
 
+@pytest.mark.slow
 def test_without_cuda_it_refuses_in_one_line() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", "unused"], cwd=ROOT, env=no_cuda_env(),
                           capture_output=True, text=True)  # fmt: skip

@@ -16,16 +16,8 @@ import torch
 
 from lightning_modules.commands import generate
 from lightning_modules.core.errors import DEBUG_ENV
-from tests.conftest import TINY_SEQ_LEN
+from tests.core.helpers import NANO, ROOT
 from tests.one_line import Case, assert_each_ends_in_one_line
-
-ROOT = Path(__file__).resolve().parents[2]
-NANO = [
-    "--config", str(ROOT / "conf/base.yaml"), "--config", str(ROOT / "conf/model/nano.yaml"),
-    "--config", str(ROOT / "conf/attention/lrkv.yaml"), "--model.arch.seq_len", str(TINY_SEQ_LEN),
-    "--trainer.precision", "32-true", "--trainer.max_steps", "2", "--data.batch_size", "4",
-    "--trainer.enable_progress_bar", "false",
-]  # fmt: skip
 
 
 class _Unsafe:

@@ -98,6 +98,7 @@ def _cli(tiny_shards: Path, *extra: str) -> LanguageModelCLI:
     return main(args, run=False)
 
 
+@pytest.mark.slow
 def test_cli_default_is_the_hardware_choice(tiny_shards: Path, mlflow_uri: str) -> None:
     cli = _cli(tiny_shards)
     expected = BF16 if precision.cpu_has_native_bf16() else FP32

@@ -68,6 +68,7 @@ def _listed(use: Use) -> bool:
     return any(key == use.name or key.startswith(use.name + ".") for key in private_api.APIS)
 
 
+@pytest.mark.slow
 def test_every_private_use_is_listed() -> None:
     uses = private_uses()
     assert any(use.name == "torch.optim._muon._adjust_lr" for use in uses)  # the scan sees the known ones

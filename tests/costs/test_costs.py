@@ -117,6 +117,7 @@ def test_cli_config_fragments_select_one_row(capsys: pytest.CaptureFixture[str])
     assert (row["size"], row["label"]) == ("128m", "lrkv-r46")
 
 
+@pytest.mark.slow
 def test_cli_table_and_bad_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert costs_main([]) == 0
     out = capsys.readouterr().out

@@ -127,6 +127,7 @@ MEASURED = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", MEASURED, ids=["lrkv-fp32", "mla-bf16-ac"])
 def test_plan_within_15_percent_of_measured_single_process(bench: ModuleType, argv: list[str]) -> None:
     row = bench.run_row(argv)

@@ -119,6 +119,7 @@ def test_cuda_kernel_rules() -> None:
     assert cuda_step.sdpa_cuda_kernel(*qkv(fp32, kv_heads=2), masked=False, causal=True) == "math"
 
 
+@pytest.mark.slow
 def test_mla_at_128m_batch_16_loses_the_probabilities_on_cuda() -> None:
     """The paper's 128m MLA at its recipe's micro-batch: the CPU trace's largest saved tensor is the math
     path's fp32 (B, H, T, T) probabilities; the CUDA plan's is the MLP's fp32 ReLU output (B, T, 4d)."""
@@ -140,6 +141,7 @@ def test_bad_device_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     assert "invalid choice: 'tpu'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_prints_the_plan_of_the_device_asked(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--memory", "--size", "nano", "--attention", "mla", "--micro-batch", "2"]
     assert costs_main(base) == 0

@@ -1,8 +1,9 @@
-"""Tiny corpora (vocab ~300, seq_len 16) and shard helpers shared by the data tests."""
+"""Helpers that several test modules of this folder share (fixtures stay in conftest.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import tarfile
 from collections.abc import Callable
@@ -15,6 +16,8 @@ import pyarrow.parquet as pq
 from data.manifest import Manifest
 from data.prepare_config import PrepareConfig
 from data.shards import decode_npy
+from data.sources import shakespeare_files
+from tests.conftest import TINY_SEQ_LEN
 
 WORDS = [
     "the",
@@ -147,3 +150,18 @@ def edit_manifest(directory: Path, change: Callable[[dict], None]) -> None:
     raw = json.loads(path.read_text())
     change(raw)
     path.write_text(json.dumps(raw, indent=2))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The options of tests/conftest.py's tiny_shards (the one-process reference)
+OPTIONS = ["--vocab-size", "512", "--seq-len", str(TINY_SEQ_LEN), "--no-progress", "--shard-samples", "256",
+           "--val-frac", "0.1", "--test-frac", "0.1"]  # fmt: skip
+
+
+def files() -> list[str]:
+    return [str(p) for p in shakespeare_files()[:6]]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -44,6 +44,7 @@ def test_batches_are_long_with_seq_len_plus_one(prepared: Path) -> None:
     assert batch.dtype == torch.long and batch.shape == (4, SEQ_LEN + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, workers", [(2, 2), (3, 2)])
 def test_each_train_sample_once_per_epoch_with_equal_batches(
     prepared: Path, world: int, workers: int

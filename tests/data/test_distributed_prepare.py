@@ -17,26 +17,13 @@ from pathlib import Path
 import pytest
 
 from data.manifest import Manifest
-from data.sources import shakespeare_files
 from lightning_modules.commands.prepare import main as prepare_main
 from tests.conftest import TINY_SEQ_LEN
-
-ROOT = Path(__file__).resolve().parents[2]
-# The options of tests/conftest.py's tiny_shards (the one-process reference)
-OPTIONS = ["--vocab-size", "512", "--seq-len", str(TINY_SEQ_LEN), "--no-progress", "--shard-samples", "256",
-           "--val-frac", "0.1", "--test-frac", "0.1"]  # fmt: skip
-
-
-def files() -> list[str]:
-    return [str(p) for p in shakespeare_files()[:6]]
+from tests.data.helpers import OPTIONS, ROOT, env, files
 
 
 def tree(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +33,7 @@ def two_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_one_task_equals_the_one_process_path(tiny_shards: Path, tmp_path: Path) -> None:
     out = tmp_path / "one"
     assert prepare_main([*files(), "--out", str(out), *OPTIONS, "--tasks", "1"]) == 0
@@ -74,6 +62,7 @@ def test_one_task_equals_the_one_process_path(tiny_shards: Path, tmp_path: Path)
     assert not (tmp_path / "one.partial").exists()  # the work folder goes once the dataset is in place
 
 
+@pytest.mark.slow
 def test_two_tasks_give_the_same_bytes_whatever_the_workers(two_tasks: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
     assert prepare_main([*files(), "--out", str(again), *OPTIONS, "--tasks", "2", "--workers", "1"]) == 0
@@ -111,6 +100,7 @@ prepare_distributed(cfg, cfg.parallel, extra_steps=[KillInTask()])
 """
 
 
+@pytest.mark.slow
 def test_killed_run_redoes_only_the_unfinished_task(
     two_tasks: Path, tiny_shards: Path, tmp_path: Path
 ) -> None:
@@ -147,6 +137,7 @@ def test_killed_run_redoes_only_the_unfinished_task(
     assert tree(out) == tree(two_tasks)
 
 
+@pytest.mark.slow
 def test_failed_task_names_its_file_and_a_rerun_finishes(
     tiny_shards: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -45,6 +45,7 @@ def test_global_batches_do_not_depend_on_the_world_size(prepared: Path, workers:
     assert len({tuple(r.tolist()) for r in rows}) == len(rows)  # no sample twice within the epoch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("world", [1, 4])
 def test_position_from_two_ranks_resumes_on_another_world_size(

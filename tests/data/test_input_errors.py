@@ -23,9 +23,9 @@ from data.prepare_config import MAX_VOCAB, MIN_VOCAB, check_options
 from data.sources import shakespeare_files
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.generation.loop import check_lengths
-from tests.core.test_entry_errors import NANO
+from tests.core.helpers import NANO
 from tests.data.helpers import edit_manifest, tiny_config
-from tests.model.test_decode import make_checkpoint
+from tests.model.helpers import make_checkpoint
 from tests.one_line import Case, assert_each_ends_in_one_line
 
 ROOT = Path(__file__).resolve().parents[2]

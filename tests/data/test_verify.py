@@ -180,7 +180,7 @@ def test_seq_len_mismatch(prepared: Path) -> None:
 
 
 def test_missing_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ManifestError, match="no manifest.*lightning_modules.commands.prepare"):
+    with pytest.raises(ManifestError, match="no manifest.*lightning_modules prepare"):
         ShardDataModule(str(tmp_path), batch_size=4)
     assert main([str(tmp_path)]) == 1
     assert "no manifest" in capsys.readouterr().err

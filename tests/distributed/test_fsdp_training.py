@@ -29,7 +29,7 @@ from lightning_modules.generation.checkpoint import load_model
 from main import main
 from tests.fsdp_driver import STEPS, STOP
 from tests.helpers import KINDS
-from tests.training.test_training import args as single_process_args
+from tests.training.helpers import args as single_process_args
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]

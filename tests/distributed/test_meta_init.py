@@ -61,11 +61,12 @@ def test_materialize_on_one_device_is_seeded_and_rebuilds_rope() -> None:
     assert nets[0].embed.weight.std().item() == pytest.approx(model.init_std, rel=0.05)
 
 
+@pytest.mark.slow
 def test_meta_init_through_main_on_one_device(tiny_shards: Path, mlflow_uri: str) -> None:
     """model.parallel.meta_init without sharding: the module starts on the meta device, configure_model
     materialises and initialises it, and it trains."""
     from main import main
-    from tests.training.test_training import args
+    from tests.training.helpers import args
 
     extra = (
         "--model.parallel.meta_init",

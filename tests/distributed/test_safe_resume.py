@@ -28,6 +28,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_safe_resume_restores_what_lightning_restores_and_refuses_a_crafted_value(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "tests.distributed.safe_resume_driver", str(tmp_path), str(_free_port())],

@@ -13,7 +13,7 @@ import torch
 from lightning_modules.kernels import support
 from lightning_modules.model.attention import lrkv_cached as lrkv_decode
 from lightning_modules.model.layers import RotaryEmbedding
-from tests.model.test_decode import build, decode_all, tokens
+from tests.model.helpers import build, decode_all, tokens
 
 if not support.triton_installed():  # make test installs it (the [triton] extra); elsewhere it is optional
     if os.environ.get("CI"):
@@ -106,6 +106,7 @@ def test_mla_kernel_equals_sdpa_over_the_latent(S: int) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lrkv", "mla"])
 def test_generation_through_the_kernel_equals_the_plain_torch_decode(
     kind: str, monkeypatch: pytest.MonkeyPatch

@@ -3,14 +3,12 @@ says, absorbed / exact paths equal to their plainer references, and FLOPs as lig
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -19,52 +17,18 @@ from lightning_modules.costs import counts as costs
 from lightning_modules.generation.checkpoint import GenerateError, load_model
 from lightning_modules.generation.loop import Sampling, generate
 from lightning_modules.generation.text import load_tokenizer
-from lightning_modules.model.attention import AttentionConfig, names, resolve
+from lightning_modules.model.attention import names, resolve
 from lightning_modules.model.attention.cache import LayerCache, caches_nbytes
 from lightning_modules.model.config import ModelConfig
-from lightning_modules.model.layers import RMSNorm
 from lightning_modules.model.transformer import Transformer
-from tests.helpers import KINDS, attn, nano_model, tiny_model
+from tests.helpers import KINDS, attn, nano_model
+from tests.model.helpers import build, decode_all, make_checkpoint, tokens
 
 VARIANTS = [(k, {}) for k in KINDS] + [
     ("lrkv", {"lrkv_path": "materialized"}),
     ("mla", {"q_latent_dim": 24}),
     ("gqa", {"n_kv_heads": 1}),
 ]
-SEQ = 64  # tiny_model with a longer context, so that a prefill is followed by many single-token steps
-
-
-def build(kind: str, seed: int = 0, **knobs: object) -> Transformer:
-    """Tiny decoder with a larger init and random norm gains, so logits are O(1) and every weight matters."""
-    torch.manual_seed(seed)
-    net = Transformer(tiny_model(seq_len=SEQ, init_std=0.1), attn(kind, **knobs)).eval()
-    with torch.no_grad():
-        for module in net.modules():
-            if isinstance(module, RMSNorm):
-                module.weight.uniform_(0.5, 1.5)
-    return net
-
-
-def tokens(batch: int = 2, length: int = SEQ, seed: int = 1) -> torch.Tensor:
-    torch.manual_seed(seed)
-    return torch.randint(0, 128, (batch, length))
-
-
-@torch.no_grad()
-def decode_all(
-    net: Transformer, toks: torch.Tensor, chunks: list[int], path: str | None = None
-) -> torch.Tensor:
-    """Prefill in the given chunk lengths, then one token at a time; the logits of every position."""
-    caches = net.new_caches(toks.shape[0], toks.shape[1], path=path)
-    out, pos = [], 0
-    for n in chunks:
-        out.append(net.decode(toks[:, pos : pos + n], caches))
-        pos += n
-    while pos < toks.shape[1]:
-        out.append(net.decode(toks[:, pos : pos + 1], caches))
-        pos += 1
-    assert all(c.length == toks.shape[1] for c in caches)
-    return torch.cat(out, dim=1)
 
 
 @pytest.mark.parametrize("kind,knobs", VARIANTS)
@@ -184,48 +148,6 @@ def test_caches_are_not_stored_on_the_model() -> None:
     assert isinstance(ca[0], LayerCache) and not any(isinstance(v, LayerCache) for v in vars(net).values())
 
 
-# ----- generation: the loop, the command line, checkpoints and tokenizers ---------------------------------
-SENTENCES = [
-    "To be, or not to be, that is the question.",
-    "All the world's a stage, and all the men and women merely players.",
-    "The quality of mercy is not strained; it droppeth as the gentle rain from heaven.",
-    "Now is the winter of our discontent made glorious summer by this sun of York.",
-]
-
-
-def make_checkpoint(tmp_path: Path, kind: str = "lrkv") -> tuple[Path, Path]:
-    """A tiny byte-level BPE, its manifest, and a checkpoint in the training module's format."""
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(SENTENCES, trainer=trainer)
-    tokenizer.save(str(data_dir / "tokenizer.json"))
-    (data_dir / "manifest.json").write_text(json.dumps({"tokenizer": "tokenizer.json", "eot_id": 0}))
-    model_cfg = tiny_model(vocab_size=tokenizer.get_vocab_size(), init_std=0.2)
-    attention_cfg = AttentionConfig(kind=kind)
-    torch.manual_seed(0)
-    net = Transformer(model_cfg, attention_cfg)
-    ckpt = {
-        "hyper_parameters": {
-            "arch": dataclasses.asdict(model_cfg),
-            "attention": dataclasses.asdict(attention_cfg),
-        },
-        "state_dict": {f"model.{k}": v for k, v in net.state_dict().items()},
-        "datamodule_hyper_parameters": {"data_dir": str(data_dir)},
-    }
-    path = tmp_path / "last.ckpt"
-    torch.save(ckpt, path)
-    return path, data_dir
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generation_equals_argmax_over_full_forwards(kind: str) -> None:
     """The cached loop picks the same tokens as re-running the whole sequence each step."""
@@ -334,6 +256,7 @@ def test_checkpoint_of_a_compiled_model_loads(tmp_path: Path) -> None:
     assert isinstance(model.config, ModelConfig) and model.attention_config.kind == "lrkv"
 
 
+@pytest.mark.slow
 def test_decode_benchmark_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/decode.py at nano with tiny settings: every attention, the fields BENCHMARKS.md reads."""
     import importlib.util

@@ -11,7 +11,7 @@ from lightning_modules.model.attention import lrkv_cached as lrkv_decode
 from lightning_modules.model.layers import RotaryEmbedding
 from lightning_modules.model.transformer import Transformer
 from tests.helpers import attn, rms, rope_reference, tiny_model
-from tests.model.test_decode import build, decode_all, tokens
+from tests.model.helpers import build, decode_all, tokens
 
 
 def test_latent_scores_equal_q_dot_normalised_rotated_keys() -> None:
@@ -46,6 +46,7 @@ def test_latent_scores_equal_q_dot_normalised_rotated_keys() -> None:
 CHUNKS = {"prefill": [11], "chunked": [1, 2, 3, 7], "steps-only": []}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunks", CHUNKS.values(), ids=CHUNKS.keys())
 @pytest.mark.parametrize("qk_norm", [True, False], ids=["qk-norm", "no-qk-norm"])
 def test_absorbed_equals_materialised_in_float64_past_seq_len(chunks: list[int], qk_norm: bool) -> None:

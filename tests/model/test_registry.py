@@ -50,6 +50,7 @@ def test_toy_attention_passes_the_generic_suites() -> None:
     assert passed >= 10, result.stdout[-2000:]  # shapes, causality, gradients, 3 cost, 4+ decode cases
 
 
+@pytest.mark.slow
 def test_toy_attention_in_the_cost_table(toy: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert names()[-1] == toy
     assert costs_main(["--json"]) == 0

@@ -176,6 +176,7 @@ def test_a_step_mixing_kernels_names_each() -> None:
     assert kernel.summary() == ("none", "no call yet")
 
 
+@pytest.mark.slow
 def test_the_tag_lands_in_mlflow(tiny_shards: Path, mlflow_uri: str) -> None:
     """A one-step fit of mla (the variant whose backend differs): its tags name SDPA's math backend."""
     main(

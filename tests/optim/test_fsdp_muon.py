@@ -161,6 +161,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["optimizer", "adamw", "muon"])
 def test_sharded_step_equals_single_process_step(scenario: str) -> None:
     mp.spawn(worker, args=(free_port(), scenario), nprocs=WORLD, join=True)

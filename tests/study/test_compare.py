@@ -10,6 +10,7 @@ from lightning_modules.commands import compare
 from tests.conftest import TINY_SEQ_LEN
 
 
+@pytest.mark.slow
 def test_compare_trains_tests_and_tabulates(
     tiny_shards: Path, mlflow_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from data.datamodule import ShardDataModule
 from data.manifest import Manifest
+from lightning_modules.commands.score_documents import main
 from lightning_modules.generation.checkpoint import load_model
 from lightning_modules.model.attention import AttentionConfig
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.scoring.document_scores import score_documents
-from lightning_modules.scoring.documents_report import main
 from tests.helpers import tiny_model
 
 STEPS = 10
@@ -80,6 +80,7 @@ def split_loss(ckpt: Path, shards: Path, split: str) -> float:
     return total / tokens
 
 
+@pytest.mark.slow
 def test_the_documents_add_up_to_the_split_loss_and_the_manifest(doc_shards: Path, tmp_path: Path) -> None:
     ckpt = checkpoint(tmp_path / "last.ckpt", doc_shards, "lrkv", seed=1)
     model, _ = load_model(ckpt)
@@ -117,6 +118,7 @@ def ledger(folder: Path, shards: Path, checkpoints: Path, seeds: tuple[int, ...]
     return folder
 
 
+@pytest.mark.slow
 def test_the_command_scores_each_final_checkpoint_once_and_sets_both_errors_side_by_side(
     doc_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -153,6 +155,7 @@ def test_the_command_scores_each_final_checkpoint_once_and_sets_both_errors_side
     assert "scored" not in again_err and again_out == out
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_is_not_the_runs_end_is_refused_or_skipped(
     doc_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,6 +179,7 @@ def test_a_checkpoint_that_is_not_the_runs_end_is_refused_or_skipped(
     assert (pd.read_csv(folder / "documents.csv")["n_seeds"] == 0).all()  # no mha run: no pair to compare
 
 
+@pytest.mark.slow
 def test_one_seed_gives_only_the_bound_and_the_combined_figures_take_it(
     doc_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,7 @@ from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger
 from lightning_modules.study import protocol as protocols
-from tests.study.test_study import _starts, micro_protocol
+from tests.study.helpers import micro_protocol, started_runs
 
 ONE_ARM = "[{kind: mha}]"
 SHORT_FLOPS = 1.2e10  # 18 steps of nano mha at 4 x 32 tokens with the tiny shards' 512-token vocabulary
@@ -61,7 +61,7 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     book = tmp_path / "results"
     args = [str(path), "--settle-s", "0", "--ledger", str(book)]
     assert study_main(args) == 0
-    assert sorted(_starts(capsys.readouterr().out)) == ["nano mha seed 1", "nano mha seed 2"]
+    assert sorted(started_runs(capsys.readouterr().out)) == ["nano mha seed 1", "nano mha seed 2"]
     assert study_main([*args, "--report", "--out", str(book)]) == 0
     capsys.readouterr()
     written = pd.read_csv(book / "runs.csv")
@@ -74,7 +74,7 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     plan = capsys.readouterr().out
     assert "done 2 (2 of them on other machines" in plan and plan.count("  ledger ") == 2
     assert study_main(args) == 0
-    assert _starts(capsys.readouterr().out) == []
+    assert started_runs(capsys.readouterr().out) == []
 
     # The protocol edited after its runs (another validation setting, same identities): refused in one line
     # naming the runs and the change, before anything trains; put back, it is accepted again.
@@ -92,7 +92,7 @@ def test_a_fresh_store_trains_only_what_the_ledger_lacks_and_reports_it(
     written.loc[written["seed"] == 1, "resumed_from_step"] = "600"
     written[written["seed"] == 1].to_csv(book / "runs.csv", index=False)
     assert study_main(args) == 0
-    assert _starts(capsys.readouterr().out) == ["nano mha seed 2"]
+    assert started_runs(capsys.readouterr().out) == ["nano mha seed 2"]
     assert study_main([*args, "--report", "--out", str(book)]) == 0
     assert "2/2 runs reported" in capsys.readouterr().out
     again = pd.read_csv(book / "runs.csv")

@@ -18,7 +18,7 @@ from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
 from lightning_modules.model.attention import as_resolved
 from lightning_modules.study import protocol as protocols
-from tests.study.test_study import micro_protocol
+from tests.study.helpers import micro_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,7 @@ def _targets(folder: Path, split: str) -> np.ndarray:
     return np.concatenate(out)
 
 
+@pytest.mark.slow
 def test_the_long_shards_hold_the_same_documents_and_test_tokens(both_shards: Path) -> None:
     short, long = both_shards / "artifacts/shakespeare", both_shards / "artifacts/shakespeare-1k"
     assert (short / "tokenizer.json").read_bytes() == (long / "tokenizer.json").read_bytes()
@@ -65,6 +66,7 @@ def test_the_long_shards_hold_the_same_documents_and_test_tokens(both_shards: Pa
     assert len(val_long) < len(val_short) and np.array_equal(val_short[: len(val_long)], val_long)  # a prefix
 
 
+@pytest.mark.slow
 def test_long_1k_is_main_with_four_times_the_context(
     both_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

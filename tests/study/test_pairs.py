@@ -18,7 +18,7 @@ from lightning_modules.analysis.tidy import COLUMNS
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.reporting import readme, report
 from lightning_modules.study import protocol as protocols
-from tests.study.test_study import micro_protocol
+from tests.study.helpers import micro_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -292,6 +292,7 @@ def test_cpu_lrkv_r16_is_worse_than_mla_c128_in_every_seed_p_0012_unadjusted() -
     assert row["p_holm"] > 0.05  # one of ten secondary pairs: not resolved after Holm
 
 
+@pytest.mark.slow
 def test_cpu_cache_with_holm_over_the_arm_vs_mha_family_only_mqa_stays_resolved() -> None:
     runs = committed("cpu-cache")
     labels = list(dict.fromkeys(runs["label"]))
@@ -308,6 +309,7 @@ def test_cpu_cache_with_holm_over_the_arm_vs_mha_family_only_mqa_stays_resolved(
     assert not report.paired_differences(runs)["resolved"].any()
 
 
+@pytest.mark.slow
 def test_committed_studies_compare_at_equal_tokens_where_both_runs_validated() -> None:
     # The committed runs predate the validation at the last step: each pair is read at the smaller of the
     # two runs' last validations (step 119, 245,760 tokens; mla runs step 99, 204,800 tokens).

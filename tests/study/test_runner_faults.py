@@ -23,7 +23,7 @@ from lightning_modules.study import protocol as protocols
 from lightning_modules.study.claims import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
 from lightning_modules.tracking.runs import git_commit
 from tests.one_line import Case, assert_each_ends_in_one_line
-from tests.study.test_study import MICRO_FLOPS, micro_protocol
+from tests.study.helpers import MICRO_FLOPS, micro_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ["-m", "lightning_modules", "study"]
@@ -44,6 +44,7 @@ def dead_pid() -> int:
 
 
 # ----- one line, before anything is claimed ----------------------------------------------------------------
+@pytest.mark.slow
 def test_bad_protocols_and_options_end_in_one_line_before_any_claim(
     tiny_shards: Path, tmp_path: Path, mlflow_uri: str
 ) -> None:
@@ -120,6 +121,7 @@ def test_a_claim_whose_runner_died_stays_live_while_its_worker_lives(
 
 
 # ----- the run's lock ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_worker_on_a_locked_run_trains_nothing(tmp_path: Path, mlflow_uri: str) -> None:
     folder = tmp_path / "run"
     assert lock.holder(folder) is None
@@ -157,6 +159,7 @@ def _released_run(tmp_path: Path, shards: Path, mlflow_uri: str) -> tuple[Path, 
     return path, store, run, folder
 
 
+@pytest.mark.slow
 def test_the_runner_leaves_a_run_alone_while_another_worker_holds_it(
     tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger, settings
 from lightning_modules.study import protocol as protocols
-from tests.study.test_study import micro_protocol
+from tests.study.helpers import micro_protocol
 
 
 def test_settings_hold_the_named_knobs_and_fit_and_stay_out_of_the_identity(

@@ -22,26 +22,9 @@ from lightning_modules.reporting.report import last_attempt_s
 from lightning_modules.study import protocol as protocols
 from lightning_modules.study.claims import CHECKPOINT_DIR, HEARTBEAT, Store
 from tests.conftest import TINY_SEQ_LEN
+from tests.study.helpers import MICRO_FLOPS, micro_protocol, started_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-# 45 steps of nano mha (49 of lrkv-r4) at 4 x 32 tokens and the tiny shards' 512-token vocabulary: time to kill one
-MICRO_FLOPS = 3.0e10
-
-
-def micro_protocol(folder: Path, shards: Path, arms: str = "[{kind: mha}, {kind: lrkv, rank: 4}]",
-                   budget: float = MICRO_FLOPS, extra: str = "") -> Path:  # fmt: skip
-    data = folder / "data.yaml"
-    data.write_text(f"data:\n  data_dir: {shards}\n  batch_size: 4\n  num_workers: 0\n")
-    path = folder / "micro.yaml"
-    path.write_text(
-        "description: two arms, two seeds, a few steps at nano on tiny shards\n"
-        f"experiment: micro\nsizes: [nano]\narms: {arms}\nseeds: [1, 2]\n"
-        f"budget: {{flops: {budget!r}}}\ndata: {data}\ncheckpoint_every: 1\n"
-        f"fit:\n  model.arch.seq_len: {TINY_SEQ_LEN}\n  trainer.precision: 32-true\n"
-        "  trainer.limit_val_batches: 2\n  trainer.val_check_interval: 5\n  trainer.limit_test_batches: 2\n"
-        + extra
-    )
-    return path
 
 
 # ----- protocols and identities (no training) ------------------------------------------------------------
@@ -154,11 +137,6 @@ def test_live_claims_are_left_alone_and_stale_ones_taken_over(
     assert a.classify(a.runs_of(spec.identity)).state == "claimed"
 
 
-# ----- the must-show behaviour ---------------------------------------------------------------------------
-def _starts(out: str) -> list[str]:
-    return [ln.split("] ", 1)[1].split(" (")[0] for ln in out.splitlines() if ln.startswith("[start")]
-
-
 @pytest.mark.slow
 def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones(
     tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
@@ -167,12 +145,12 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     args = [str(path), "--settle-s", "0"]
     assert study_main([*args, "--workers", "2"]) == 0
     first = capsys.readouterr().out
-    assert sorted(_starts(first)) == sorted(["nano mha seed 1", "nano lrkv-r4 seed 1", "nano mha seed 2",
+    assert sorted(started_runs(first)) == sorted(["nano mha seed 1", "nano lrkv-r4 seed 1", "nano mha seed 2",
                                              "nano lrkv-r4 seed 2"])  # fmt: skip
     assert first.count("[done") == 4
 
     assert study_main(args) == 0
-    assert _starts(capsys.readouterr().out) == []
+    assert started_runs(capsys.readouterr().out) == []
 
     store = Store(mlflow_uri, "micro")
     by_identity = store.protocol_runs("micro")
@@ -180,7 +158,7 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     (deleted,) = by_identity[spec.identity]
     store.client.delete_run(deleted.info.run_id)
     assert study_main(args) == 0
-    assert _starts(capsys.readouterr().out) == ["nano lrkv-r4 seed 2"]
+    assert started_runs(capsys.readouterr().out) == ["nano lrkv-r4 seed 2"]
     (again,) = store.runs_of(spec.identity)
     assert again.info.run_id != deleted.info.run_id and again.info.status == "FINISHED"
     assert again.data.tags["hardware"] == precision.detect("cpu").capability  # the CLI's tags reach the run
@@ -215,7 +193,7 @@ def test_micro_study_skips_done_runs_reruns_deleted_ones_and_resumes_killed_ones
     rerun_at = time.time()
     assert study_main(args) == 0
     out = capsys.readouterr().out
-    assert _starts(out) == ["nano mha seed 1"] and "resuming from its last checkpoint" in out
+    assert started_runs(out) == ["nano mha seed 1"] and "resuming from its last checkpoint" in out
     (resumed,) = store.runs_of(victim.identity)
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert int(resumed.data.tags["study.resumed_from_step"]) >= step_at_kill >= 1

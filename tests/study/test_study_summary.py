@@ -117,7 +117,7 @@ def test_report_into_another_folder_leaves_its_parent_alone(
 ) -> None:
     """--out elsewhere writes the study's folder only: a README.md beside it is the user's, not the index."""
     from lightning_modules.commands.run_study import main as study_main
-    from tests.study.test_study import micro_protocol
+    from tests.study.helpers import micro_protocol
 
     path = micro_protocol(tmp_path, tiny_shards)
     theirs = tmp_path / "README.md"

@@ -13,7 +13,7 @@ from lightning_modules.core import precision
 from lightning_modules.study import protocol as protocols
 from lightning_modules.study import timing
 from lightning_modules.study.runner import machine
-from tests.study.test_study import micro_protocol
+from tests.study.helpers import micro_protocol
 
 EPYC = timing.Machine("AMD EPYC, 2 cores", "cpu-native-bf16", 1)
 EPYC_AVX2 = timing.Machine("AMD EPYC, 2 cores", "cpu-no-native-bf16", 1)

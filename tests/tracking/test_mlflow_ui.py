@@ -17,11 +17,12 @@ from lightning_modules.commands import mlflow_ui
 from lightning_modules.tracking import ui
 from main import main
 from tests.mlflow_server import MlflowServer
-from tests.training.test_training import args, only_run
+from tests.training.helpers import args, only_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_experiment_kind_and_dataset_input(tiny_shards: Path, mlflow_uri: str) -> None:
     main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "2"))
     client, run = only_run(mlflow_uri)
@@ -53,6 +54,7 @@ def test_the_ui_serves_the_store_tracking_uri_names(mlflow_uri: str, capsys) -> 
     assert would_run == f"would run: {sys.executable} -m mlflow ui {backend}"
 
 
+@pytest.mark.slow
 def test_without_tracking_uri_the_ui_serves_mlruns_of_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,7 +77,7 @@ def test_a_tracking_server_is_linked_to_not_served_again(mlflow_server: MlflowSe
 
 def test_make_mlflow_ui_is_the_command_alone() -> None:
     makefile = (ROOT / "Makefile").read_text().splitlines()
-    start = makefile.index("mlflow-ui: $(STAMP)")
+    start = next(i for i, line in enumerate(makefile) if line.startswith("mlflow-ui: $(STAMP)"))
     recipe = list(itertools.takewhile(lambda line: line.startswith("\t"), makefile[start + 1 :]))
     assert recipe == ["\t$(PY) -m lightning_modules mlflow-ui"]
 

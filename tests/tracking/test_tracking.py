@@ -24,7 +24,7 @@ from main import main
 from tests import training_callbacks
 from tests.conftest import TINY_SEQ_LEN
 from tests.mlflow_server import MlflowServer
-from tests.training.test_training import BATCH, args, losses, only_run
+from tests.training.helpers import BATCH, args, losses, only_run
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_VAL = ("--trainer.limit_val_batches", "0")
@@ -127,6 +127,7 @@ def test_server_away_at_the_end_saves_the_calls_beside_the_checkpoints_and_repla
     assert not pending.exists()
 
 
+@pytest.mark.slow
 def test_run_ends_failed_when_training_raises(tiny_shards: Path, mlflow_uri: str) -> None:
     poison = ("--trainer.callbacks+=tests.training_callbacks.PoisonAtStep", "--trainer.callbacks.step", "2")
     with pytest.raises(NonFiniteLossError):
@@ -200,6 +201,7 @@ def test_three_fits_started_together_on_a_fresh_store_all_finish_in_their_own_ru
         assert steps_logged(client, run.info.run_id) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_resume_into_another_store_is_refused_then_continues_in_a_new_run(
     tiny_shards: Path,
     mlflow_uri: str,

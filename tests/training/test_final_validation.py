@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from main import main
-from tests.training.test_training import args, only_run
+from tests.training.helpers import args, only_run
 
 
 def val_steps(uri: str) -> list[int]:
@@ -16,6 +16,7 @@ def val_steps(uri: str) -> list[int]:
     return [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("max_steps", "expected"), [(7, [2, 5, 6]), (6, [2, 5])])
 def test_the_last_step_is_validated_once(
     max_steps: int, expected: list[int], tiny_shards: Path, mlflow_uri: str, tmp_path: Path
@@ -29,6 +30,7 @@ def test_the_last_step_is_validated_once(
     assert val_steps(mlflow_uri) == expected
 
 
+@pytest.mark.slow
 def test_a_fit_without_validation_gets_none(tiny_shards: Path, mlflow_uri: str, tmp_path: Path) -> None:
     main(
         args("fit", tiny_shards, "mha", "--trainer.max_steps", "4", "--trainer.limit_val_batches", "0",

@@ -14,7 +14,7 @@ import torch
 from lightning_modules.training import host_sync
 from lightning_modules.training.language_model import LanguageModel, NonFiniteLossError
 from main import main
-from tests.training.test_training import args
+from tests.training.helpers import args
 
 POISON_AT_5 = ("--trainer.callbacks+=tests.training_callbacks.PoisonAtStep", "--trainer.callbacks.step", "5")
 
@@ -54,6 +54,7 @@ def test_the_watch_keeps_the_first_bad_loss_without_reading_anything_back(
     assert clean.first_bad() is None
 
 
+@pytest.mark.slow
 def test_checked_every_log_step_a_nan_is_named_at_its_step_at_the_next_check(
     tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,6 +77,7 @@ def test_checked_every_log_step_a_nan_is_named_at_its_step_at_the_next_check(
     )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_between_checks_is_refused_once_a_loss_was_bad(
     tiny_shards: Path, mlflow_uri: str, tmp_path: Path
 ) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.costs import counts as costs
@@ -17,42 +16,12 @@ from lightning_modules.training.language_model import NonFiniteLossError
 from main import main
 from tests.conftest import TINY_SEQ_LEN
 from tests.helpers import KINDS
+from tests.training.helpers import BATCH, args, losses, only_run
 
-ROOT = Path(__file__).resolve().parents[2]
-BATCH = 4
 BUDGET_FLOPS = 6e9  # about five steps of nano at 4 x 32 tokens
 
 
-def args(subcommand: str, shards: Path, kind: str, *extra: str) -> list[str]:
-    return [
-        subcommand,
-        "--config", str(ROOT / "conf/base.yaml"),
-        "--config", str(ROOT / "conf/model/nano.yaml"),
-        "--config", str(ROOT / f"conf/attention/{kind}.yaml"),
-        "--model.arch.seq_len", str(TINY_SEQ_LEN),
-        "--data.data_dir", str(shards),
-        "--data.batch_size", str(BATCH),
-        "--data.num_workers", "0",
-        "--trainer.limit_val_batches", "2",
-        "--trainer.val_check_interval", "3",
-        "--trainer.log_every_n_steps", "1",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        *extra,
-    ]  # fmt: skip
-
-
-def only_run(uri: str) -> tuple[MlflowClient, Run]:
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("lrkv-lab").experiment_id])
-    assert len(runs) == 1
-    return client, runs[0]
-
-
-def losses(client: MlflowClient, run_id: str) -> dict[int, float]:
-    return {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_fit_then_test_lands_in_mlflow_on_an_equal_flops_budget(
     kind: str, tiny_shards: Path, mlflow_uri: str
@@ -104,6 +73,7 @@ def test_fit_then_test_lands_in_mlflow_on_an_equal_flops_budget(
     assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tiny_shards: Path, mlflow_uri: str, tmp_path: Path) -> None:
     common = ("--trainer.max_steps", "8", "--trainer.limit_val_batches", "0", "--trainer.callbacks+=ModelCheckpoint",
               "--trainer.callbacks.every_n_train_steps", "4")  # fmt: skip
@@ -132,6 +102,7 @@ def test_resume_continues_exactly(tiny_shards: Path, mlflow_uri: str, tmp_path: 
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
     tiny_shards: Path, mlflow_uri: str, tmp_path: Path
 ) -> None:
@@ -157,6 +128,7 @@ def test_unreachable_tracking_server_fails_before_training(
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").rglob("*.ckpt"))
 
 
+@pytest.mark.slow
 def test_fit_ending_between_checkpoint_steps_still_saves_the_end(
     tiny_shards: Path, mlflow_uri: str, tmp_path: Path
 ) -> None:
@@ -179,6 +151,7 @@ def test_fit_ending_between_checkpoint_steps_still_saves_the_end(
     assert base.name == "last.ckpt" and torch.load(base, weights_only=True)["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_no_training_length_is_an_error(tiny_shards: Path, mlflow_uri: str) -> None:
     from lightning_modules.core.errors import ConfigError
 

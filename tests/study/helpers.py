@@ -1,0 +1,30 @@
+"""Helpers that several test modules of this folder share (fixtures stay in conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import TINY_SEQ_LEN
+
+# 45 steps of nano mha (49 of lrkv-r4) at 4 x 32 tokens and the tiny shards' 512-token vocabulary: time to kill one
+MICRO_FLOPS = 3.0e10
+
+
+def micro_protocol(folder: Path, shards: Path, arms: str = "[{kind: mha}, {kind: lrkv, rank: 4}]",
+                   budget: float = MICRO_FLOPS, extra: str = "") -> Path:  # fmt: skip
+    data = folder / "data.yaml"
+    data.write_text(f"data:\n  data_dir: {shards}\n  batch_size: 4\n  num_workers: 0\n")
+    path = folder / "micro.yaml"
+    path.write_text(
+        "description: two arms, two seeds, a few steps at nano on tiny shards\n"
+        f"experiment: micro\nsizes: [nano]\narms: {arms}\nseeds: [1, 2]\n"
+        f"budget: {{flops: {budget!r}}}\ndata: {data}\ncheckpoint_every: 1\n"
+        f"fit:\n  model.arch.seq_len: {TINY_SEQ_LEN}\n  trainer.precision: 32-true\n"
+        "  trainer.limit_val_batches: 2\n  trainer.val_check_interval: 5\n  trainer.limit_test_batches: 2\n"
+        + extra
+    )
+    return path
+
+
+def started_runs(out: str) -> list[str]:
+    return [ln.split("] ", 1)[1].split(" (")[0] for ln in out.splitlines() if ln.startswith("[start")]
