@@ -56,7 +56,7 @@ test: $(STAMP) ## the full suite, what CI runs
 # The inner loop: no test that starts a process, a fit or a server (those are marked slow); an unmarked test
 # that runs longer than LRKV_FAST_LIMIT_S seconds fails here with a note to mark it (tests/conftest.py).
 test-fast: $(STAMP) ## the fast tier (not slow) for the inner loop, under 3 minutes
-	LRKV_FAST_LIMIT_S=$${LRKV_FAST_LIMIT_S:-5} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	LRKV_FAST_LIMIT_S=$${LRKV_FAST_LIMIT_S:-10} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP) ## ruff check and format check
 	$(PY) -m ruff check .

@@ -28,8 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 Case = tuple[str, list[str], dict[str, str], list[str]]
 
 
-def in_process(argv: list[str]) -> Callable[[], int] | None:
+# Settings a process reads once and keeps (multiprocessing's temporary folder, made under TMPDIR on first use):
+# a row that sets one runs as a process, since this process has read it already.
+READ_ONCE_ENV = {"TMPDIR"}
+
+
+def in_process(argv: list[str], env: dict[str, str] | None = None) -> Callable[[], int] | None:
     """The function `python ARGV` would run, when it is one this process can call; else None."""
+    if READ_ONCE_ENV & set(env or {}):
+        return None
     if argv and argv[0].endswith("main.py") and Path(argv[0]).resolve() == ROOT / "main.py":
         import main  # the repository root is on sys.path (pyproject.toml's pytest pythonpath)
 
@@ -77,7 +84,7 @@ def run_in_process(call: Callable[[], int], env: dict[str, str], cwd: Path) -> t
 
 def problems(argv: list[str], env: dict[str, str], expected: list[str], cwd: Path) -> list[str]:
     """What is wrong with how this command failed (empty: it failed as promised)."""
-    call = in_process(argv)
+    call = in_process(argv, env)
     if call is not None:
         code, stdout, stderr = run_in_process(call, env, cwd)
         return judge(code, stdout, stderr, expected)
@@ -109,7 +116,7 @@ def judge(code: int, stdout: str, stderr: str, expected: list[str]) -> list[str]
 def assert_each_ends_in_one_line(cases: Sequence[Case], cwd: Path) -> None:
     # In-process rows one after another (they share this process's state); the process rows spend most of
     # their time importing (one thread each): three at a time on two cores take about half as long.
-    local = [i for i, case in enumerate(cases) if in_process(case[1]) is not None]
+    local = [i for i, case in enumerate(cases) if in_process(case[1], case[2]) is not None]
     remote = [i for i in range(len(cases)) if i not in local]
     by_index: dict[int, list[str]] = {i: problems(*cases[i][1:], cwd) for i in local}
     with ThreadPoolExecutor(max_workers=3) as pool:

@@ -1,5 +1,5 @@
-"""Every entry point started once as a real process: main.py and each verb of the dispatcher answer --help,
-and a bad option ends in one error line. The one-line tables (tests/one_line.py) call the same functions in
+"""Every entry point started once as a real process: main.py and each verb of the dispatcher answer --help;
+in this process, a bad option given to each verb ends in one error line. The one-line tables (tests/one_line.py) call the same functions in
 this process; this is the check that the process around them (the `__main__` modules, the imports a verb
 pulls in, its exit code) is what those tables assume."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightning_modules.commands import PROG, VERBS, command, main, usage
+from tests.one_line import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -26,25 +27,22 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_every_verb_answers_help_and_refuses_a_bad_option_as_a_process() -> None:
-    argvs = [
-        ["-m", "lightning_modules", verb, flag] for verb in VERBS for flag in ("--help", "--no-such-option")
-    ]
+def test_every_verb_starts_as_a_process_and_answers_help() -> None:
+    argvs = [["-m", "lightning_modules", verb, "--help"] for verb in VERBS]
     with ThreadPoolExecutor(max_workers=3) as pool:
         done = list(pool.map(lambda argv: run(*argv), argvs))
-    wrong = []
-    for argv, result in zip(argvs, done, strict=True):
-        verb, flag = argv[2], argv[3]
-        if flag == "--help":
-            if result.returncode != 0 or f"usage: {PROG} {verb}" not in result.stdout:
-                wrong.append(
-                    f"{verb} --help: exit {result.returncode}, {result.stdout[:200]!r}{result.stderr[-300:]!r}"
-                )
-        else:
-            errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-            if result.returncode == 0 or len(errors) != 1 or "Traceback" in result.stderr:
-                wrong.append(f"{verb} {flag}: exit {result.returncode}, {result.stderr[-300:]!r}")
+    wrong = [f"{argv[2]} --help: exit {r.returncode}, {r.stdout[:200]!r} {r.stderr[-300:]!r}"
+             for argv, r in zip(argvs, done, strict=True)
+             if r.returncode != 0 or f"usage: {PROG} {argv[2]}" not in r.stdout]  # fmt: skip
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_every_verb_refuses_an_unknown_option_in_one_line(verb: str) -> None:
+    code, _, stderr = run_in_process(lambda: main([verb, "--no-such-option"]), {}, ROOT)
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert errors[0].startswith(f"{PROG} {verb}: error: ")  # the verb names itself
 
 
 @pytest.mark.slow
@@ -74,3 +72,16 @@ def test_the_dispatcher_lists_the_verbs_and_refuses_an_unknown_one(
     assert main([]) == 2  # no verb: the list, and a failure for scripts that forgot one
     assert main(["nope"]) == 2
     assert "no command 'nope'" in capsys.readouterr().err
+
+
+def test_main_offers_fit_validate_and_test_but_not_predict(capsys: pytest.CaptureFixture[str]) -> None:
+    """The model has no predict_step: `predict` is neither listed nor accepted (one line, exit 2)."""
+    import main as entry  # the repository root is on sys.path (pyproject.toml's pytest pythonpath)
+
+    with pytest.raises(SystemExit) as exit_:
+        entry.run(["--help"])
+    assert exit_.value.code == 0 and "{fit,validate,test}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        entry.run(["predict"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'predict'" in err and "Traceback" not in err

@@ -31,6 +31,7 @@ Each private name used here is also listed in lightning_modules/core/private_api
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pathlib
 import pickle
@@ -109,9 +110,22 @@ _INDEX_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
-class _IndexUnpickler(pickle.Unpickler):
-    """Plain pickle restricted to _INDEX_GLOBALS: a crafted index naming anything else (os.system, ...)
-    fails on that name before anything is called."""
+# The only objects an index's pickle may fill in with BUILD: instances of these, which the same pickle has just
+# created. BUILD on anything else would set attributes on an object this process shares: a class (pathlib's
+# PosixPath, a metadata class: every later Path or checkpoint would see the change), an enum member, a module.
+_BUILDABLE: frozenset[type] = frozenset(
+    cls for cls in _INDEX_GLOBALS.values() if isinstance(cls, type) and dataclasses.is_dataclass(cls)
+)
+
+
+class _IndexUnpickler(pickle._Unpickler):
+    """Pickle restricted to _INDEX_GLOBALS, and to BUILD on the metadata instances it creates: a crafted index
+    naming anything else (os.system, ...) fails on that name before anything is called, and one that would
+    set attributes on a shared object (a class, an enum member) fails before the attribute is set. Python's
+    own unpickler, not the C one, since only it lets BUILD be checked (tests/checkpoint/test_untrusted_folder.py
+    measures the cost on a large index)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _INDEX_GLOBALS:
@@ -121,6 +135,16 @@ class _IndexUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(
             f"{module}.{name} is not part of torch.distributed.checkpoint's metadata"
         )
+
+    def load_build(self) -> None:
+        target = self.stack[-2] if len(self.stack) >= 2 else None  # BUILD: the state on top, its object below
+        if type(target) not in _BUILDABLE:
+            raise pickle.UnpicklingError(
+                f"sets the state of a {type(target).__name__} (only the metadata it creates may be filled in)"
+            )
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def read_sharded_index(folder: Path, rank: int | None = None) -> dcp_metadata.Metadata:

@@ -19,7 +19,9 @@ should not pay for pandas; report.py reads the tables themselves.
 from __future__ import annotations
 
 import csv
+import json
 import math
+import re
 from pathlib import Path
 
 from lightning_modules.core.errors import ConfigError
@@ -30,6 +32,12 @@ EVALUATIONS = "evaluations.csv"
 IDENTITY = "identity"
 SETTINGS = "settings"  # the run's recorded settings (settings.py)
 DONE_COLUMN = "test_loss"  # a run with a finite final test loss finished: fit, last validation and test
+# What every done row holds (the report writes them all); a row lacking one proves no run.
+REQUIRED = (IDENTITY, "run_id", "size", "label", "seed", "budget", "data", DONE_COLUMN)
+IDENTITY_LENGTH = 16  # hex digits of protocol.py's identity
+HEX = re.compile(r"[0-9a-f]+")
+# A protocol's identity field -> the ledger column holding it (the protocol's name is the ledger's folder).
+LEDGER_COLUMN = {"size": "size", "arm": "label", "seed": "seed", "budget": "budget", "data": "data"}
 
 
 def default_folder(protocol_name: str) -> Path:
@@ -38,12 +46,18 @@ def default_folder(protocol_name: str) -> Path:
 
 def done_identities(folder: Path) -> set[str]:
     """The identities of the runs the ledger in `folder` records as done (none when it has no runs.csv)."""
-    return set(done_settings(folder))
+    return set(done_rows(folder))
 
 
 def done_settings(folder: Path) -> dict[str, str]:
     """identity -> recorded settings (settings.py; "" where the run predates the record) of every run the
     ledger in `folder` records as done."""
+    return {identity: row.get(SETTINGS) or "" for identity, row in done_rows(folder).items()}
+
+
+def done_rows(folder: Path) -> dict[str, dict[str, str]]:
+    """identity -> row of every run the ledger in `folder` records as done, each row checked first (`check_row`):
+    a ledger is trusted only as far as it proves a run finished."""
     path = folder / RUNS
     if not path.is_file():
         return {}
@@ -61,7 +75,58 @@ def done_settings(folder: Path) -> dict[str, str]:
             "protocol; rewrite it with `python -m lightning_modules study <protocol> --report` from a store that "
             "holds its runs, or pass --ledger to another folder"
         )
-    return {row[IDENTITY]: row.get(SETTINGS) or "" for row in rows if row[IDENTITY] and finished(row)}
+    done = {}
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        if row.get(IDENTITY) and finished(row):
+            check_row(path, number, row)
+            done[row[IDENTITY]] = row
+    return done
+
+
+def check_row(path: Path, number: int, row: dict[str, str]) -> None:
+    """ConfigError naming the file and line of a done row that does not hold what the report writes: every
+    identity field, a run id, a test loss that is a cross-entropy (finite, >= 0), settings as a JSON object."""
+    where = f"ledger {path}, line {number}"
+    fix = f"restore it from git (git checkout -- {path}) or rewrite it with --report"
+    missing = [c for c in REQUIRED if not (row.get(c) or "").strip()]
+    if missing:
+        raise ConfigError(
+            f"{where}: no {', '.join(missing)} for run {row.get(IDENTITY)!r}, so it proves nothing; {fix}"
+        )
+    if not HEX.fullmatch(row[IDENTITY]) or len(row[IDENTITY]) != IDENTITY_LENGTH:
+        raise ConfigError(f"{where}: identity {row[IDENTITY]!r} is not one a protocol gives; {fix}")
+    if not row["seed"].isdigit():
+        raise ConfigError(f"{where}: seed {row['seed']!r} is not a whole number; {fix}")
+    if not float(row[DONE_COLUMN]) >= 0:
+        raise ConfigError(f"{where}: test loss {row[DONE_COLUMN]} is negative, not a cross-entropy; {fix}")
+    recorded = (row.get(SETTINGS) or "").strip()
+    if recorded:
+        try:
+            settings = json.loads(recorded)
+        except (ValueError, RecursionError):
+            settings = None
+        if not isinstance(settings, dict) or not all(isinstance(v, dict) for v in settings.values()):
+            raise ConfigError(
+                f"{where}: settings are not the JSON object of groups the runner records; {fix}"
+            )
+
+
+def check_identities(
+    path: Path, rows: dict[str, dict[str, str]], expected: dict[str, dict[str, str]]
+) -> None:
+    """ConfigError when a done row's identity is one of the protocol's but its fields are not that run's
+    (identity -> the protocol's identity fields, protocol.py): a row copied or edited by hand."""
+    for identity, fields in expected.items():
+        row = rows.get(identity)
+        if row is None:
+            continue
+        wrong = [f"{k} {row.get(LEDGER_COLUMN.get(k, k))!r}, not {v!r}" for k, v in fields.items()
+                 if k in LEDGER_COLUMN and row.get(LEDGER_COLUMN[k]) != v]  # fmt: skip
+        if wrong:
+            raise ConfigError(
+                f"ledger {path}: the row of identity {identity} records {'; '.join(wrong)}: it is not the run the "
+                f"protocol gives that identity; restore the ledger from git (git checkout -- {path})"
+            )
 
 
 def finished(row: dict[str, str]) -> bool:

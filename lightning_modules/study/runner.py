@@ -86,7 +86,10 @@ class Runner:
         self.durations: list[float] = []
         self.failed: list[tuple[RunSpec, Path]] = []
         self.ledger = ledger if ledger is not None else ledgers.default_folder(protocol.name)
-        self.in_ledger = ledgers.done_settings(self.ledger)
+        rows = ledgers.done_rows(self.ledger)
+        specs = {spec.identity: spec.identity_fields() for spec in protocol.runs}
+        ledgers.check_identities(self.ledger / ledgers.RUNS, rows, specs)
+        self.in_ledger = {identity: row.get(ledgers.SETTINGS) or "" for identity, row in rows.items()}
         # --hours: runs end by this time (set when run() starts), timed by the done runs of machines like this one.
         self.deadline: float | None = None
         self.here = timing.Machine(machine(), precision.detect().capability, workers)

@@ -219,7 +219,7 @@ def read_pending(path: Path) -> Pending:
     header_line = complete[0] if complete else tail
     try:
         header = json.loads(header_line) if header_line.strip() else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, an integer past Python's digit limit, nesting too deep
         header = {}
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PendingFileError(
@@ -250,6 +250,8 @@ def read_pending(path: Path) -> Pending:
                 cut_line, cut_text = number, tail
                 break
             raise _damaged(path, number, f"not JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:  # JSON no run writes: a 5,000-digit number, deep nesting
+            raise _damaged(path, number, f"not a line a run writes ({type(e).__name__})") from None
         op = _check_op(op, path, number)
         ops.append(_confine(op, path, number, root) if op["op"] == "artifact" else op)
         lines.append(line)

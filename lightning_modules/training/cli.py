@@ -135,6 +135,12 @@ class LanguageModelCLI(LightningCLI):
             auto_configure_optimizers=False,
         )
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit, validate and test. Not predict: the model has no predict_step (generation is
+        `python -m lightning_modules generate`), so it is not offered rather than offered and failing."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name != "predict"}
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":  # not a config entry: a fit without it would exit 0 on SIGTERM

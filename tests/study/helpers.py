@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from tests.conftest import TINY_SEQ_LEN
@@ -28,3 +29,21 @@ def micro_protocol(folder: Path, shards: Path, arms: str = "[{kind: mha}, {kind:
 
 def started_runs(out: str) -> list[str]:
     return [ln.split("] ", 1)[1].split(" (")[0] for ln in out.splitlines() if ln.startswith("[start")]
+
+
+def ledger_row(identity: str, **fields: object) -> dict[str, object]:
+    """A done row of a results ledger as the report writes it (lightning_modules/study/ledger.py); `fields`
+    replace its values, None leaves the column out."""
+    row: dict[str, object] = {"identity": identity, "run_id": "0" * 32, "size": "nano", "label": "mha", "seed": 1,
+                              "budget": "flops=3e+10", "data": "6bd091106c6eabed", "test_loss": 5.0, "settings": ""}  # fmt: skip
+    row.update(fields)
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def write_ledger(folder: Path, rows: list[dict[str, object]]) -> Path:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with (folder / "runs.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder / "runs.csv"

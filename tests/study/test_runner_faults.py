@@ -279,7 +279,7 @@ class _Workers:
                 parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if b"lightning_modules.study.worker" in argv and b"--run-id" in argv:
+            if b"study-worker" in argv and b"--run-id" in argv:  # python -m lightning_modules study-worker
                 run_id = argv[argv.index(b"--run-id") + 1].decode()
                 parents.setdefault(run_id, {})[int(entry.name)] = parent
         # A worker's own fork (a subprocess between fork and exec) carries its command line: part of it.

@@ -12,7 +12,7 @@ import pytest
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger, settings
 from lightning_modules.study import protocol as protocols
-from tests.study.helpers import micro_protocol
+from tests.study.helpers import ledger_row, micro_protocol, write_ledger
 
 
 def test_settings_hold_the_named_knobs_and_fit_and_stay_out_of_the_identity(
@@ -46,9 +46,10 @@ def test_check_refuses_an_edited_protocol_and_passes_an_unrecorded_run(
 
 
 def test_the_ledger_gives_each_done_run_its_record(tmp_path: Path) -> None:
-    (tmp_path / "runs.csv").write_text(
-        'identity,test_loss,settings\naaa,5.1,"{""fit"":{}}"\nbbb,,x\nccc,4.9,\n'
+    aaa, bbb, ccc = ("a" * 16, "b" * 16, "c" * 16)
+    write_ledger(
+        tmp_path, [ledger_row(aaa, settings='{"fit":{}}'), ledger_row(bbb, test_loss=""), ledger_row(ccc)]
     )
-    assert ledger.done_settings(tmp_path) == {"aaa": '{"fit":{}}', "ccc": ""}
-    (tmp_path / "runs.csv").write_text("identity,test_loss\nddd,5.0\n")  # a ledger from before the record
-    assert ledger.done_settings(tmp_path) == {"ddd": ""}
+    assert ledger.done_settings(tmp_path) == {aaa: '{"fit":{}}', ccc: ""}
+    write_ledger(tmp_path, [ledger_row("d" * 16, settings=None)])  # a ledger from before the record
+    assert ledger.done_settings(tmp_path) == {"d" * 16: ""}

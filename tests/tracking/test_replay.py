@@ -101,8 +101,11 @@ def test_untrusted_pending_files_and_bad_stores_end_in_one_line_with_nothing_sen
         raw='{"op": "batch", "run_id": "' + run + '", "metr\n' + json.dumps(buffer.batch_op(run)) + "\n",
     )
     unknown = case("unknown", {"op": "delete_run", "run_id": run})
+    nested = case("nested", raw="[" * 100_000 + "]" * 100_000 + "\n")  # past the parser's recursion limit
+    huge = case("huge", raw='{"op": "batch", "run_id": "' + run + '", "step": ' + "9" * 5000 + "}\n")
     plain = case("plain")
-    files = [dotdot, absolute, linked, linked_root, link_inside, whole_folder, escape, middle, unknown, plain]
+    files = [dotdot, absolute, linked, linked_root, link_inside, whole_folder, escape, middle, unknown, nested,
+             huge, plain]  # fmt: skip
     before = {f: f.read_bytes() for f in files}
     file_store = tmp_path / "file-store"
 
@@ -116,6 +119,8 @@ def test_untrusted_pending_files_and_bad_stores_end_in_one_line_with_nothing_sen
         ("artifact_path", [*REPLAY, str(escape)], {}, ["line 3", "'../../escape'", "leaves the run's"]),
         ("middle line", [*REPLAY, str(middle)], {}, ["line 3", "not JSON", "nothing was sent"]),
         ("unknown op", [*REPLAY, str(unknown)], {}, ["line 3", "unknown op 'delete_run'"]),
+        ("deep nesting", [*REPLAY, str(nested)], {}, ["line 3", "not a line a run writes (RecursionError)"]),
+        ("5,000 digits", [*REPLAY, str(huge)], {}, ["line 3", "not a line a run writes (ValueError)"]),
         ("file store", [*REPLAY, str(plain), "--tracking-uri", str(file_store)], {}, ["--tracking-uri", "sqlite:///"]),
         ("no such file", [*REPLAY, str(tmp_path / "nope.jsonl")], {}, ["nope.jsonl", "no such pending"]),
         ("ui file store", ["-m", "lightning_modules", "mlflow-ui", "--dry-run"],
