@@ -15,7 +15,7 @@ from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger
 from lightning_modules.study import protocol as protocols
-from tests.study.helpers import micro_protocol, started_runs
+from tests.study.helpers import ledger_row, micro_protocol, started_runs, write_ledger
 
 ONE_ARM = "[{kind: mha}]"
 SHORT_FLOPS = 1.2e10  # 18 steps of nano mha at 4 x 32 tokens with the tiny shards' 512-token vocabulary
@@ -23,8 +23,11 @@ SHORT_FLOPS = 1.2e10  # 18 steps of nano mha at 4 x 32 tokens with the tiny shar
 
 def test_done_identities_reads_finished_rows_only(tmp_path: Path) -> None:
     assert ledger.done_identities(tmp_path) == set()  # no ledger yet: nothing done
-    (tmp_path / "runs.csv").write_text("identity,test_loss\naaa,5.1\nbbb,\nccc,nan\nddd,4.9\n")
-    assert ledger.done_identities(tmp_path) == {"aaa", "ddd"}
+    aaa, bbb, ccc, ddd = (letter * 16 for letter in "abcd")
+    rows = [ledger_row(aaa, test_loss=5.1), ledger_row(bbb, test_loss=""), ledger_row(ccc, test_loss="nan"),
+            ledger_row(ddd, test_loss=4.9)]  # fmt: skip
+    write_ledger(tmp_path, rows)
+    assert ledger.done_identities(tmp_path) == {aaa, ddd}
 
 
 def test_a_ledger_without_identities_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from tests.study.helpers import micro_protocol
 
 EPYC = timing.Machine("AMD EPYC, 2 cores", "cpu-native-bf16", 1)
 EPYC_AVX2 = timing.Machine("AMD EPYC, 2 cores", "cpu-no-native-bf16", 1)
-COLUMNS = ["identity", "test_loss", "size", "label", "duration_s", "machine", "hardware", "command",
-           "resumed_from_step", "last_attempt_s"]  # fmt: skip
+COLUMNS = ["identity", "run_id", "seed", "budget", "data", "test_loss", "size", "label", "duration_s", "machine",
+           "hardware", "command", "resumed_from_step", "last_attempt_s"]  # fmt: skip
 
 
 def write_ledger(folder: Path, rows: list[dict[str, str]]) -> Path:
@@ -85,7 +85,10 @@ def test_hours_leaves_a_run_that_would_end_after_the_window_for_later(
     first = protocols.load(path).runs[0]
     # Seed 1 took 10 hours on this very machine, so seed 2 does not fit in 1 hour and nothing trains.
     here = {"machine": machine(), "hardware": precision.detect().capability, "size": "nano"}
-    ledger = write_ledger(tmp_path / "ledger", [{**row("mha", 36000.0), "identity": first.identity, **here}])
+    fields = first.identity_fields()  # the row the report would write for seed 1 (the runner checks it)
+    proof = {"identity": first.identity, "run_id": "0" * 32, "seed": fields["seed"], "budget": fields["budget"],
+             "data": fields["data"]}  # fmt: skip
+    ledger = write_ledger(tmp_path / "ledger", [{**row("mha", 36000.0), **proof, **here}])
     assert study_main([str(path), "--settle-s", "0", "--ledger", str(ledger), "--hours", "1"]) == 0
     out = capsys.readouterr().out
     assert "--hours 1: nano mha seed 2 would take about 10 h 00 min (the mean of 1 mha run here)" in out, out
