@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_modules.checkpoint.newest import LAST, newest_readable
 from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.study import ledger as ledgers
@@ -228,7 +229,9 @@ class Runner:
         client.set_tag(run_id, TAG + "machine", machine())
         client.set_tag(run_id, TAG + "command", self.command)
         folder.mkdir(parents=True, exist_ok=True)
-        last = folder / "last.ckpt"
+        newest = newest_readable(folder)  # an unreadable last.ckpt is set aside, never resumed from
+        for line in newest.skipped:
+            self.say(f"{spec.name}: {line}")
         cmd = [sys.executable, "-m", "lightning_modules", "study-worker", "--run-id", run_id]
         cmd += ["--runner-pid", str(os.getpid())]
         cmd += ["--checkpoint-dir", str(folder), "--every", str(self.protocol.checkpoint_every)]
@@ -237,11 +240,16 @@ class Runner:
             # When this attempt began: the run's wall time (MLflow's start to end) counts from its first claim,
             # pauses between sessions included; from here to the end is what this attempt alone took.
             client.set_tag(run_id, RESUMED_UTC, time.strftime(UTC_FORMAT, time.gmtime()))
-        if last.is_file():
-            cmd += ["--resume", str(last)]
-            how = "resuming from its last checkpoint"
+        if newest.path is not None:
+            cmd += ["--resume", str(newest.path)]
+            how = (
+                "resuming from its last checkpoint"
+                if newest.path.name == LAST
+                else f"resuming from {newest.path}"
+            )
         elif found.state == "free":
-            how = f"restarting: no checkpoint in {folder} on this machine"
+            unreadable = " readable" if newest.skipped else ""
+            how = f"restarting: no{unreadable} checkpoint in {folder} on this machine"
             # Nothing of the earlier attempt is kept, so the code that trains the run is this tree's; and its
             # wall time counts from the first claim (MLflow's start time), pause included: marked resumed, so
             # timing.py plans with this attempt's time (RESUMED_UTC above) rather than that wall time.

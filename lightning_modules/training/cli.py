@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 from jsonargparse import Namespace
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -36,6 +37,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from data.datamodule import ShardDataModule
 from data.manifest import Manifest
+from lightning_modules.checkpoint.local_io import AtomicCheckpointIO
 from lightning_modules.checkpoint.reader import is_special, read_checkpoint
 from lightning_modules.checkpoint.resume_policy import reconcile
 from lightning_modules.core import precision
@@ -143,11 +145,16 @@ class LanguageModelCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
-        if self.subcommand == "fit":  # not a config entry: a fit without it would exit 0 on SIGTERM
+        # Not a config entry: a fit without it would exit 0 on SIGTERM, and a validate or test stopped by a
+        # signal would end its MLflow run FAILED rather than KILLED (signals.py, on_exception).
+        if self.subcommand in ("fit", "validate", "test"):
             trainer.callbacks.append(StopOnSignal())
         # Not a config entry either: every fit, the study's workers' included (they build the trainer without
         # a subcommand), ends with a validation (final_validation.py); it acts only in a fit's training loop.
         trainer.callbacks.append(ValidateLastStep())
+        # One-file checkpoints written beside their name and renamed, on any filesystem layout (local_io.py).
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from lightning_modules.commands.run_study import main as study_main
 from lightning_modules.study import claims as store_module
 from lightning_modules.study import lock
 from lightning_modules.study import protocol as protocols
-from lightning_modules.study.claims import CHECKPOINT_DIR, CLAIM, WORKER, Store, here
+from lightning_modules.study.claims import CHECKPOINT_DIR, CLAIM, HEARTBEAT, WORKER, Store, here
 from lightning_modules.tracking.runs import git_commit
 from tests.one_line import Case, assert_each_ends_in_one_line
 from tests.study.helpers import MICRO_FLOPS, micro_protocol
@@ -384,3 +385,29 @@ def test_a_worker_exits_when_its_runner_pipe_ends_and_not_before(tmp_path: Path)
     assert normal.wait(timeout=120) == 0 and "finished" in normal.stdout.read()  # exits cleanly: no abort
     assert normal.stdin is not None
     normal.stdin.close()
+
+
+@pytest.mark.slow
+def test_a_run_whose_last_checkpoint_is_truncated_restarts_and_finishes(
+    tiny_shards: Path, tmp_path: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupted run whose only checkpoint was torn (a kill mid-save): the rerun sets it aside in one line,
+    trains the run from step 0 and finishes it, instead of failing it on every rerun."""
+    path = micro_protocol(tmp_path, tiny_shards, arms="[{kind: mha}]", budget=MICRO_FLOPS / 4)
+    args = [str(path), "--settle-s", "0", "--max-runs", "1", "--ledger", str(tmp_path / "no-ledger")]
+    assert study_main(args) == 0
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+    folder = Path(run.data.tags[CHECKPOINT_DIR])
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # torn
+    client.set_terminated(run.info.run_id, "KILLED")  # interrupted, as far as the store knows,
+    client.set_tag(run.info.run_id, HEARTBEAT, "0")  # by a runner gone long ago (its claim is stale)
+    capsys.readouterr()
+    assert study_main(args) == 0
+    out = capsys.readouterr().out
+    assert "last.ckpt" in out and "kept as last.ckpt.unreadable-" in out, out
+    assert f"restarting: no readable checkpoint in {folder}" in out, out
+    done = client.get_run(run.info.run_id)
+    assert done.info.status == "FINISHED" and "test/loss" in done.data.metrics
+    assert len(list(folder.glob("last.ckpt.unreadable-*"))) == 1  # the torn file kept, not deleted

@@ -151,3 +151,24 @@ def test_sigusr1_is_left_to_lightning_under_slurm(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "lrkv-lab")
     assert signals.stop_signals() == (signal.SIGTERM, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_a_test_stopped_by_sigterm_ends_its_run_killed_and_exits_143(
+    tiny_shards: Path, mlflow_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`main.py test` stopped by a signal: one line, 128 + SIGTERM, and its MLflow run KILLED (not FAILED)."""
+    import main as entry  # the repository root is on sys.path (pyproject.toml's pytest pythonpath)
+    from tests.training.helpers import args
+
+    assert entry.run(args("fit", tiny_shards, "mha", "--trainer.max_steps", "2")) == 0
+    (ckpt,) = Path.cwd().glob("checkpoints/**/last.ckpt")  # mlflow_uri runs this test in tmp_path
+    code = entry.run(args("test", tiny_shards, "mha", "--ckpt_path", str(ckpt), "--trainer.callbacks+="
+                          "tests.training.signal_callbacks.TermAtFirstTestBatch"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM and err.count(": error: ") == 1, err[-2000:]
+    client = MlflowClient(mlflow_uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], order_by=["start_time DESC"]
+    )
+    assert runs[0].info.status == "KILLED" and runs[0].data.tags["stopped_by"] == "SIGTERM"
