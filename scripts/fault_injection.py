@@ -15,9 +15,9 @@ folder (SQLite MLflow store, checkpoints). Compared: every tensor of the final c
 after logging but before its checkpoint: all values of a step must equal the uninterrupted run's).
 
 Kill moments: odd kills at a uniformly random time after the run has made progress past its resume point,
-even kills as soon as a checkpoint write has begun (Lightning/fsspec write the file under TMPDIR first, then
-move it into place; this script gives each process its own TMPDIR and kills when a file appears there;
-folders there are torch's caches).
+even kills as soon as a checkpoint write has begun: when its temporary file appears beside the checkpoint
+(lightning_modules/checkpoint/local_io.py). Each process gets its own TMPDIR; `--tmpdir-root /dev/shm` puts
+them on another filesystem than the checkpoints, the layout where a write through TMPDIR would tear.
 """
 
 from __future__ import annotations
@@ -84,11 +84,17 @@ def fit_command(
     ]  # fmt: skip
 
 
+# --tmpdir-root: where each fit's TMPDIR is made (default: the system's temp folder). On another filesystem than
+# the work folder (e.g. /dev/shm) it is the cluster's layout, local /tmp beside shared checkpoints, where a
+# checkpoint written through TMPDIR and moved into place would be a copy, not a rename.
+TMPDIR_ROOT: Path | None = None
+
+
 def process_tmpdir(name: str) -> Path:
-    """A new TMPDIR for one fit, under the system's temp folder rather than inside the work folder: loader
-    workers hand batches over sockets named under TMPDIR, and a deep one makes that path too long for the
-    kernel (data/worker_tempdir.py). Remove it with shutil.rmtree when the process is gone."""
-    return Path(tempfile.mkdtemp(prefix=f"fault-injection-{name}-"))
+    """A new TMPDIR for one fit, under the system's temp folder (or TMPDIR_ROOT) rather than inside the work
+    folder: loader workers hand batches over sockets named under TMPDIR, and a deep one makes that path too long
+    for the kernel (data/worker_tempdir.py). Remove it with shutil.rmtree when the process is gone."""
+    return Path(tempfile.mkdtemp(prefix=f"fault-injection-{name}-", dir=TMPDIR_ROOT))
 
 
 def _env(workdir: Path, tmpdir: Path) -> dict[str, str]:
@@ -163,9 +169,7 @@ def run_with_kills(
             killed = False
             if done < kills:
                 in_write, sig = done % 2 == 0, kill_signal(mode, done)
-                killed = _wait_and_kill(
-                    proc, ckpt_dir, tmpdir, start_step, steps, in_write, rng, kills - done, sig
-                )
+                killed = _wait_and_kill(proc, ckpt_dir, start_step, steps, in_write, rng, kills - done, sig)
             _, err = proc.communicate()  # reads the pipe too: a SIGTERMed fit still writes as it ends
             if killed:
                 done += 1
@@ -209,7 +213,6 @@ def _check_stopped(proc: subprocess.Popen, err: str, ckpt_dir: Path, resumed_at:
 def _wait_and_kill(
     proc: subprocess.Popen,
     ckpt_dir: Path,
-    tmpdir: Path,
     start_step: int,
     steps: int,
     in_write: bool,
@@ -222,8 +225,10 @@ def _wait_and_kill(
     clock, so the kills land the same way on a fast and on a loaded machine. The random step is drawn from
     the remaining steps' share per kill left, so that all K kills fit in the run. False when it finished
     first. The caller waits for the process (a SIGTERMed fit saves the step it is in, then exits 143)."""
-    if in_write:
-        while not any(path.is_file() for path in tmpdir.iterdir()):  # torch puts cache folders here too
+    if (
+        in_write
+    ):  # the checkpoint's temporary file appears beside it (lightning_modules/checkpoint/local_io.py)
+        while not any(ckpt_dir.glob(".*.partial")):
             if proc.poll() is not None:
                 return False
             time.sleep(0.0005)
@@ -305,8 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--signal", choices=sorted(SIGNALS), default="kill", help="SIGKILL, SIGTERM, or both in turn (mixed)"
     )
+    p.add_argument(
+        "--tmpdir-root", type=Path, default=None, help="make each fit's TMPDIR here (another filesystem)"
+    )
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    global TMPDIR_ROOT
+    TMPDIR_ROOT = a.tmpdir_root
 
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="fault-injection-"))
     outcome = run(workdir, a.data_dir.resolve(), a.steps, a.seq_len, a.kills, a.seed, a.signal)

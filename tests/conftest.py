@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,3 +141,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _SPENT = pytest.StashKey[float]()
 _LIMIT = pytest.StashKey[float | None]()
+
+
+# ----- balancing the two workers ---------------------------------------------------------------------------
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with the most slow tests first, each file's tests in their own order. `make test` gives whole
+    files to two workers (-n 2 --dist loadfile): a long file handed out last keeps one worker busy while the
+    other idles, handed out first the short files fill in around it."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))

@@ -32,8 +32,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def save_atomic(checkpoint: dict[str, Any], path: Path) -> None:
-    """torch.save into a temporary file beside `path`, fsync, rename over `path`, fsync the folder."""
+    """torch.save into a temporary file beside `path`, fsync, rename over `path`, fsync the folder. The
+    temporary files of earlier saves of `path` that were killed are removed first: one process writes a
+    checkpoint name (rank 0, or the only one), so such a file is no one's."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.partial"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as file:

@@ -83,3 +83,13 @@ def test_sigkill_during_saves_with_tmpdir_on_another_filesystem_never_tears_the_
         for leftover in tmpdir.iterdir():
             leftover.unlink()
         tmpdir.rmdir()
+
+
+def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    left = tmp_path / ".last.ckpt.x1y2.partial"  # what a SIGKILL in the middle of a save leaves
+    left.parent.mkdir(exist_ok=True)
+    left.write_bytes(b"half")
+    other = tmp_path / ".epoch=0-step=3.ckpt.x1y2.partial"  # another name's: not this save's to remove
+    other.write_bytes(b"half")
+    AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "last.ckpt"]
