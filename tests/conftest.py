@@ -137,6 +137,10 @@ def pytest_runtest_makereport(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_LIMIT] = _fast_limit()  # read once: a test that sets the variable changes only its own runs
+    if config.stash[_LIMIT] is not None:
+        # The training stack (torch, Lightning, jsonargparse, MLflow) takes seconds to import once per process:
+        # imported here, before any test, so the limit judges each test's own work, not who imported it first.
+        import lightning_modules.training.cli  # noqa: F401
 
 
 _SPENT = pytest.StashKey[float]()
