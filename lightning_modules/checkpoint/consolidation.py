@@ -14,8 +14,6 @@ ModelParallelStrategy's, and unpickles the folder's index unrestricted.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 
 from lightning_modules.checkpoint.reader import read_checkpoint
 from lightning_modules.core.errors import UserError
+from lightning_modules.core.files import write_atomic
 
 SUFFIX = ".consolidated.ckpt"
 
@@ -70,20 +69,9 @@ def write_consolidated(folder: str | Path, output: str | Path | None = None) -> 
         )
     checkpoint = consolidate(folder)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        write_atomic(out, lambda file: torch.save(checkpoint, file))
     except OSError as exc:
         raise ConsolidateError(
-            f"{out}: cannot be written in {out.parent} ({exc.strerror}); give another output"
+            f"{out}: cannot be written in {out.parent} ({exc.strerror or exc}); give another output"
         ) from exc
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(checkpoint, file)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise ConsolidateError(
-            f"{out}: cannot be written ({exc.strerror or exc}); give another output"
-        ) from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return out

@@ -12,15 +12,13 @@ local (an fsspec URL) keep Lightning's write. The CLI installs this for every st
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from lightning_modules.core.files import fsync_dir
+from lightning_modules.core.files import write_atomic
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -32,22 +30,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def save_atomic(checkpoint: dict[str, Any], path: Path) -> None:
-    """torch.save into a temporary file beside `path`, fsync, rename over `path`, fsync the folder. The
-    temporary files of earlier saves of `path` that were killed are removed first: one process writes a
-    checkpoint name (rank 0, or the only one), so such a file is no one's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """torch.save through core/files.py's write_atomic (beside `path`, synced, renamed). The temporary files
+    of earlier saves of `path` that were killed are removed first: one process writes a checkpoint name (rank
+    0, or the only one), so such a file is no one's."""
     for stale in path.parent.glob(f".{path.name}.*.partial"):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    write_atomic(path, lambda file: torch.save(checkpoint, file))

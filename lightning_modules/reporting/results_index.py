@@ -46,10 +46,9 @@ def _question(description: str) -> str:
     return text.rstrip(".")
 
 
-def planned_runs(protocol_file: Path) -> int:
-    """sizes x arms x seeds, read from the protocol file without loading its data (the index is rebuilt on
-    machines that have none)."""
-    tree = yaml.safe_load(protocol_file.read_text()) or {}
+def planned_runs(tree: dict) -> int:
+    """sizes x arms x seeds of a protocol file's mapping, read without loading its data (the index is rebuilt
+    on machines that have none)."""
     return len(tree.get("sizes", [])) * len(tree.get("arms", [])) * len(tree.get("seeds", []))
 
 
@@ -70,8 +69,8 @@ def headline(pairs: pd.DataFrame) -> str:
 def study_row(folder: Path, protocol_file: Path | None) -> dict[str, str]:
     arms, runs = _table(folder, "arms.csv"), _table(folder, "runs.csv")
     done = int(runs["test_loss"].notna().sum()) if "test_loss" in runs else 0
-    planned = planned_runs(protocol_file) if protocol_file is not None else done
     tree = (yaml.safe_load(protocol_file.read_text()) or {}) if protocol_file is not None else {}
+    planned = planned_runs(tree) if protocol_file is not None else done
     question, description = str(tree.get("question") or ""), str(tree.get("description") or "")
     tokens = arms.loc[arms["label"] == "mha", "tokens"] if "label" in arms else pd.Series(dtype=float)
     tokens = tokens if len(tokens) else arms.get("tokens", pd.Series(dtype=float))

@@ -52,7 +52,12 @@ def done_identities(folder: Path) -> set[str]:
 def done_settings(folder: Path) -> dict[str, str]:
     """identity -> recorded settings (settings.py; "" where the run predates the record) of every run the
     ledger in `folder` records as done."""
-    return {identity: row.get(SETTINGS) or "" for identity, row in done_rows(folder).items()}
+    return settings_of(done_rows(folder))
+
+
+def settings_of(rows: dict[str, dict[str, str]]) -> dict[str, str]:
+    """identity -> recorded settings of done rows (done_rows)."""
+    return {identity: row.get(SETTINGS) or "" for identity, row in rows.items()}
 
 
 def done_rows(folder: Path) -> dict[str, dict[str, str]]:

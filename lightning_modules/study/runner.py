@@ -90,7 +90,7 @@ class Runner:
         rows = ledgers.done_rows(self.ledger)
         specs = {spec.identity: spec.identity_fields() for spec in protocol.runs}
         ledgers.check_identities(self.ledger / ledgers.RUNS, rows, specs)
-        self.in_ledger = {identity: row.get(ledgers.SETTINGS) or "" for identity, row in rows.items()}
+        self.in_ledger = ledgers.settings_of(rows)
         # --hours: runs end by this time (set when run() starts), timed by the done runs of machines like this one.
         self.deadline: float | None = None
         self.here = timing.Machine(machine(), precision.detect().capability, workers)
