@@ -225,10 +225,9 @@ def _wait_and_kill(
     clock, so the kills land the same way on a fast and on a loaded machine. The random step is drawn from
     the remaining steps' share per kill left, so that all K kills fit in the run. False when it finished
     first. The caller waits for the process (a SIGTERMed fit saves the step it is in, then exits 143)."""
-    if (
-        in_write
-    ):  # the checkpoint's temporary file appears beside it (lightning_modules/checkpoint/local_io.py)
-        while not any(ckpt_dir.glob(".*.partial")):
+    if in_write:  # a new temporary file beside the checkpoint (lightning_modules/checkpoint/local_io.py);
+        left = set(ckpt_dir.glob(".*.ckpt.*.partial"))  # a killed save's is no sign: the next save removes it
+        while not set(ckpt_dir.glob(".*.ckpt.*.partial")) - left:
             if proc.poll() is not None:
                 return False
             time.sleep(0.0005)
