@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -25,15 +27,28 @@ class StopAtStep(L.Callback):
 
 
 class PoisonAtStep(L.Callback):
-    """Make the weights non-finite once `step` optimizer steps are done, so the next loss is NaN."""
+    """Make the weights non-finite once `step` optimizer steps are done, so the next loss is NaN: on every
+    rank, or on `rank` alone."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, rank: int | None = None) -> None:
+        self.step, self.rank = step, rank
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             with torch.no_grad():
                 pl_module.model.head.weight.fill_(float("nan"))
+
+
+class RecordException(L.Callback):
+    """Write the exception that ended the fit, its type, message and the step it stopped at, to
+    `folder`/rank<r>.json on each rank."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        record = {"type": type(exception).__name__, "message": str(exception), "step": trainer.global_step}
+        (Path(self.folder) / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
 # What AtStep calls, by name: a test puts its own functions here (stop a server, look into a run...).

@@ -6,9 +6,15 @@ step n, so eager CUDA training pays each step's launch latency in full. Lightnin
 metrics back only on the steps it logs (every trainer.log_every_n_steps, and the last): those are the steps
 where reading ours costs nothing more, so they are the default cadence of the checks here and of
 throughput.ThroughputMonitor.
+
+Under several ranks the check is a collective on those steps: each rank's first bad loss is gathered, so every
+rank stops at the same step with the same error. A rank that stopped alone would leave the others waiting in
+the next gradient all-reduce until the process group's timeout.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import lightning as L
 import torch
@@ -53,9 +59,26 @@ class LossWatch:
         self._where[1].masked_fill_(first, batch_idx)
         self._loss.copy_(torch.where(first, loss, self._loss))
 
-    def first_bad(self) -> tuple[int, int, float] | None:
-        """(step, batch index, loss) of the first non-finite loss observed, or None: one host sync."""
+    def record(self, device: torch.device) -> Tensor:
+        """This rank's (step, batch index, loss) of its first non-finite loss as one float64 (3,) tensor on
+        `device`, step -1 when there was none; no host sync. float64 holds the int steps and the float32
+        loss exactly, so one collective carries all three."""
         if self._where is None or self._loss is None:
-            return None
-        step, batch_idx = self._where.tolist()
-        return None if step < 0 else (step, batch_idx, self._loss.item())
+            return torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64, device=device)
+        return torch.cat([self._where.double(), self._loss.double().reshape(1)]).to(device)
+
+    def first_bad(
+        self, device: torch.device | None = None, gather: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[int, int, int, float] | None:
+        """(step, rank, batch index, loss) of the first non-finite loss observed, or None: one host sync.
+        With `gather` (one rank's (3,) record -> every rank's, (world, 3), in rank order: a collective every
+        rank must enter) the answer is the earliest bad step of any rank, the lowest such rank on a tie, and
+        the same on every rank."""
+        if device is None:
+            device = self._where.device if self._where is not None else torch.device("cpu")
+        local = self.record(device)
+        rows = (gather(local) if gather is not None else local).reshape(-1, 3).tolist()
+        bad = [
+            (int(step), rank, int(batch), loss) for rank, (step, batch, loss) in enumerate(rows) if step >= 0
+        ]
+        return min(bad) if bad else None

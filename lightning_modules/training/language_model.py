@@ -203,11 +203,16 @@ class LanguageModel(L.LightningModule):
         """Raise NonFiniteLossError naming the first non-finite loss seen, if any: at training step `now`
         (before its update), or where `found` says. A loss is read back only every
         trainer.log_every_n_steps steps, so the steps between the bad one and the check may have updated the
-        weights; no checkpoint is written after it (on_save_checkpoint checks first)."""
-        bad = self._loss_watch.first_bad()
+        weights; no checkpoint is written after it (on_save_checkpoint checks first). Every rank raises the
+        same error, naming the rank that saw the loss."""
+        # Every rank reaches each call on the same step (host_sync.due, a checkpoint save, the fit's end), so
+        # the gather is a collective they all enter: each stops on the same first bad loss, not only its own.
+        gather = self.trainer.strategy.all_gather if self.trainer.world_size > 1 else None
+        bad = self._loss_watch.first_bad(self.device, gather)
         if bad is None:
             return
-        step, batch_idx, value = bad
+        step, rank, batch_idx, value = bad
+        where = f" on rank {rank}" if self.trainer.world_size > 1 else ""
         if now == step:
             found = "stopped before the update"
         elif now is not None:
@@ -217,7 +222,7 @@ class LanguageModel(L.LightningModule):
                 f"{now - 1} updated the weights and no checkpoint was written after it"
             )
         raise NonFiniteLossError(
-            f"non-finite training loss ({value}) at step {step} (batch {batch_idx}); {found}. "
+            f"non-finite training loss ({value}) at step {step} (batch {batch_idx}){where}; {found}. "
             f"Last good checkpoint: {self._last_checkpoint()}"
         )
 

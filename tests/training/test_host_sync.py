@@ -46,8 +46,8 @@ def test_the_watch_keeps_the_first_bad_loss_without_reading_anything_back(
             patch.setattr(torch.Tensor, name, no_read_back)
         for step, value in enumerate(losses):
             watch.observe(torch.tensor(value, dtype=torch.bfloat16), step, batch_idx=10 + step)
-    step, batch_idx, value = watch.first_bad() or (None, None, None)
-    assert (step, batch_idx) == (2, 12) and value is not None and math.isnan(value)
+    step, rank, batch_idx, value = watch.first_bad() or (None, None, None, None)
+    assert (step, rank, batch_idx) == (2, 0, 12) and value is not None and math.isnan(value)
     clean = host_sync.LossWatch()
     for step in range(3):
         clean.observe(torch.tensor(0.5), step, step)
