@@ -524,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if device.type == "cuda" and (args.one_size or args.in_process):  # the parent of children needs none
+        # set_device refuses a device without an index (torch/cuda/__init__.py): a bare "cuda" names the
+        # current one, and every row below gets the indexed device too.
+        index = torch.cuda.current_device() if device.index is None else device.index
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     if args.one_size:
         return run_child(args, device)
