@@ -184,7 +184,8 @@ class LanguageModel(L.LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
         self._loss_watch.observe(loss, self.global_step, batch_idx)
-        if host_sync.due(self.trainer):  # not every step: each check is a host sync (host_sync.py)
+        due = host_sync.due(self.trainer)  # the steps Lightning logs, the only ones that read back
+        if due:
             self._stop_if_non_finite(now=self.global_step)
         tokens = batch[:, 1:].numel() * self.trainer.world_size
         self.tokens_seen += tokens
@@ -194,8 +195,15 @@ class LanguageModel(L.LightningModule):
             "train/tokens": float(self.tokens_seen),
             "train/flops": self.flops_seen,
         }
-        for key, value in metrics.items():
-            self.log(key, value, prog_bar=key == "train/loss")
+        # Every step logs only the loss, a device tensor. A logged float becomes a device tensor by a blocking
+        # copy (a host sync on CUDA), and Lightning reads every progress-bar value back at each batch's end
+        # (its logger connector's on_batch_end), so the counters, and the bar's host copy of the loss, are
+        # logged on the steps that log: the values reaching the logger are the same.
+        self.log("train/loss", metrics["train/loss"])
+        if due:
+            self.log("train/tokens", metrics["train/tokens"])
+            self.log("train/flops", metrics["train/flops"])
+            self.log("loss", loss.detach().float().cpu(), prog_bar=True, logger=False)
         self._last_step = step_log.StepMetrics(lightning_api.log_step(self.trainer), metrics)
         return loss
 

@@ -14,6 +14,7 @@ import torch
 from lightning_modules.training import host_sync
 from lightning_modules.training.language_model import LanguageModel, NonFiniteLossError
 from main import main
+from tests.host_reads import HostReads
 from tests.training.helpers import args
 
 POISON_AT_5 = ("--trainer.callbacks+=tests.training_callbacks.PoisonAtStep", "--trainer.callbacks.step", "5")
@@ -92,3 +93,20 @@ def test_a_checkpoint_between_checks_is_refused_once_a_loss_was_bad(
     assert not list((tmp_path / "ck").glob("*step=6*"))
     state = torch.load(good, weights_only=False)["state_dict"]
     assert all(torch.isfinite(t).all() for t in state.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_steps_that_do_not_log_read_nothing_back(tiny_shards: Path, mlflow_uri: str, optimizer: str) -> None:
+    """A fit with the progress bar on logs every 4 steps: steps 3, 7, 11 read back (the loss check, the
+    logger, the bar), and no other step makes a host sync (tests/host_reads.py says what counts as one)."""
+    extra = ("--trainer.max_steps", "12", "--trainer.limit_val_batches", "0",
+             "--trainer.log_every_n_steps", "4", "--trainer.enable_progress_bar", "true",
+             "--model.optimizer.name", optimizer,
+             "--trainer.callbacks+=tests.host_reads.StepMarker")  # fmt: skip
+    with HostReads() as reads:
+        main(args("fit", tiny_shards, "lrkv", *extra))
+    logged = {3, 7, 11}
+    assert logged <= set(reads.syncs), dict(reads.syncs)  # the check can see a sync
+    quiet = {step: found for step, found in reads.syncs.items() if step not in logged}
+    assert not quiet, "\n".join(f"step {s}: {w}" for s, found in quiet.items() for w in found)
