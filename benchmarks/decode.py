@@ -557,7 +557,7 @@ def arms_of(net: Transformer, kind: str, all_paths: bool, device: torch.device) 
     for i, path in enumerate(paths):
         name = kind if i == 0 else f"{kind}:{path}"
         arms[name] = (kind, None if i == 0 else path, False)
-        if i == 0 and device.type == "cuda" and kind in ("lrkv", "mla") and fused.triton_installed():
+        if i == 0 and device.type == "cuda" and variant.fused_decode_kernel and fused.triton_installed():
             arms[f"{kind}:{path}:plain"] = (kind, None, True)
     return arms
 

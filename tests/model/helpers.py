@@ -35,10 +35,14 @@ def tokens(batch: int = 2, length: int = SEQ, seed: int = 1) -> torch.Tensor:
 
 @torch.no_grad()
 def decode_all(
-    net: Transformer, toks: torch.Tensor, chunks: list[int], path: str | None = None
+    net: Transformer,
+    toks: torch.Tensor,
+    chunks: list[int],
+    path: str | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Prefill in the given chunk lengths, then one token at a time; the logits of every position."""
-    caches = net.new_caches(toks.shape[0], toks.shape[1], path=path)
+    caches = net.new_caches(toks.shape[0], toks.shape[1], path=path, dtype=cache_dtype)
     out, pos = [], 0
     for n in chunks:
         out.append(net.decode(toks[:, pos : pos + n], caches))

@@ -37,6 +37,9 @@ class Attention(nn.Module):
     # Decode paths a variant offers; the first is the default, the one lightning_modules/costs/counts.py counts. The others exist so
     # that tests can check the default against a plainer computation (e.g. mla "absorbed" vs "rebuilt").
     decode_paths: ClassVar[tuple[str, ...]] = ()
+    # The fused Triton kernel the default decode path runs for one new token, if any (a name in
+    # lightning_modules/kernels/support.py's KERNELS; benchmarks time such a path with and without it).
+    fused_decode_kernel: ClassVar[str | None] = None
 
     def __init__(self, model: ModelConfig, knobs: Any) -> None:
         super().__init__()

@@ -61,6 +61,7 @@ class LowRankKVAttention(Attention):
     label_suffix = "r{rank}"
     plot_style = {"color": "tab:red", "linestyle": "-"}  # a per-head cache: solid, like mha
     decode_paths = ("absorbed", "rebuilt", "materialized")
+    fused_decode_kernel = "lrkv"  # lightning_modules/kernels/lrkv_decode.py, on the absorbed path
     train_path_knob = "lrkv_path"
 
     @classmethod
@@ -181,8 +182,10 @@ class LowRankKVAttention(Attention):
         q = rope(q, start).to(acc)  # (B, T, H, dh)
         c = gain[:, None] * self.b_k.to(acc)  # C_h = diag(g) B^K_h: (H, dh, r)
         sigma = held.get("sigma")
-        if T == 1 and fused.usable(x):
-            return self._decode_fused(q, c, held, rope)
+        if T == 1 and fused.usable("lrkv", x, held["v_s"].dtype):
+            out = fused.attempt("lrkv", lambda: self._decode_fused(q, c, held, rope))
+            if out is not None:  # None: the device cannot launch the kernel; the plain path below
+                return out
         with torch.autocast(x.device.type, enabled=False):  # autocast would lower these products to bf16
             if T * r <= dh:  # the latent form's (B, S, T, H, r) product is no larger than the keys
                 basis = rope_basis(rope, cache.length, acc)

@@ -41,6 +41,7 @@ class MultiHeadLatentAttention(Attention):
     label_suffix = "c{kv_latent_dim}"
     plot_style = {"color": "tab:purple", "linestyle": ":"}
     decode_paths = ("absorbed", "rebuilt")
+    fused_decode_kernel = "mla"  # lightning_modules/kernels/mla_decode.py, on the absorbed path
 
     @classmethod
     def default_knobs(cls, model: ModelConfig) -> dict[str, object]:
@@ -139,22 +140,25 @@ class MultiHeadLatentAttention(Attention):
         # Absorbed (DeepSeek-V2): kv_up's rows are [W^UK (H dh) | W^UV (H dh)] over d_c inputs.
         w_uk, w_uv = self.kv_up.weight.view(2, H, dh, d_c).unbind(dim=0)  # (H, dh, d_c) each
         q_latent = torch.einsum("bthj,hjc->bthc", q_c, w_uk)  # q^C_h W^UK_h^T: (B, T, H, d_c)
-        if T == 1 and fused.usable(
-            x
-        ):  # lightning_modules/kernels/mla_decode.py: one pass over the latent cache
-            from lightning_modules.kernels import (
-                mla_decode as kernel,  # triton is optional: only where it runs
-            )
-
-            query = torch.cat([q_latent, q_r], dim=-1)[:, 0].float()  # (B, H, d_c + d_R)
-            o = kernel.decode_step(query, latent, d_c, 1.0 / math.sqrt(dh + d_r)).to(q_c.dtype).unsqueeze(1)
-            return self.out(torch.einsum("bthc,hjc->bthj", o, w_uv).reshape(B, T, H * dh))
+        if T == 1 and fused.usable("mla", x, latent.dtype):  # kernels/mla_decode.py: one pass over the cache
+            o = fused.attempt("mla", lambda: self._decode_fused(q_latent, q_r, latent))
+            if o is not None:  # None: the device cannot launch the kernel; the plain path below
+                return self.out(torch.einsum("bthc,hjc->bthj", o.to(q_c.dtype), w_uv).reshape(B, T, H * dh))
         q = torch.cat([q_latent, q_r], dim=-1).transpose(1, 2)  # (B, H, T, d_c + d_R)
         kv = latent.unsqueeze(1)  # (B, 1, S, d_c + d_R): one key head shared by all H query heads
         # Scores and scale are those of the full form: (q^C_h W^UK_h^T) . c + q^R_h . k^R = q_h . k_h.
         o = attend(q, kv, kv[..., :d_c], scale=1.0 / math.sqrt(dh + d_r))  # (B, H, T, d_c), mixed latents
         y = torch.einsum("bhtc,hjc->bthj", o, w_uv)  # through W^UV_h: (B, T, H, dh)
         return self.out(y.reshape(B, T, H * dh))
+
+    def _decode_fused(self, q_latent: Tensor, q_r: Tensor, latent: Tensor) -> Tensor:
+        """The absorbed step for one new token through lightning_modules/kernels/mla_decode.py: the softmax
+        mixture of the cached latents per head, (B, 1, H, d_c), fp32."""
+        from lightning_modules.kernels import mla_decode as kernel  # triton is optional: only where it runs
+
+        query = torch.cat([q_latent, q_r], dim=-1)[:, 0].float()  # (B, H, d_c + d_R)
+        scale = 1.0 / math.sqrt(self.head_dim + self.d_r)
+        return kernel.decode_step(query, latent, self.d_c, scale).unsqueeze(1)
 
     # ----- costs ------------------------------------------------------------------------------------
     @classmethod
