@@ -1,7 +1,8 @@
 """Everything the first hour on a CUDA machine must tell us, in one command within a time budget (docs/gpu.md).
 
-    python scripts/gpu_check.py --out gpu-check/                 # on the GPU machine, 480 s by default
-    python scripts/gpu_check.py --out gpu-check/ --only decode-b1 fit   # rerun some steps
+    python3 scripts/gpu_check.py --out gpu-check/                 # on the GPU machine, 480 s by default
+    python3 scripts/gpu_check.py --out /tmp/gpu-check --archive $OUT/gpu-check.tar.gz   # one file back
+    python3 scripts/gpu_check.py --out gpu-check/ --only decode-b1 fit   # rerun some steps
     python scripts/gpu_check.py --out /tmp/dry --dry-run        # the same code on a CPU at tiny shapes
 
 Steps (scripts/gpu/steps.py), each its own process with its own timeout, so one failure or hang does not lose
@@ -12,8 +13,10 @@ wheel bundle of scripts/gpu_bundle.py. The steps before the fit import only what
 the project's model and costs code, which reads conf/ with jsonargparse's YAML loader
 (lightning_modules/core/fragments.py): that one package is installed from the bundle before the first step
 (scripts/gpu/site.py). Into --out: per step NN-name.stdout, .stderr and .json (status ok / failed / timeout /
-skipped, and why), then OUT/summary.md (printed too) and OUT/summary.json. Without CUDA (and without --dry-run) it
-says so in one line and exits 2.
+skipped, and why), OUT/summary.md (printed too at the end) and OUT/summary.json, and all of them in one file,
+the --archive (default OUT/gpu-check.tar.gz; scripts/gpu/archive.py). The summary and the archive are
+rewritten after every step and as each training row finishes, so a run killed at any point leaves what it
+had measured. Without CUDA (and without --dry-run) it says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a file on a machine where the project is not installed: the repository and scripts/ on the path.
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from gpu import runner, site, steps, summary  # noqa: E402
+from gpu import archive, runner, site, steps, summary  # noqa: E402
 
 from lightning_modules.core.errors import UserError, run_entry  # noqa: E402
 
@@ -49,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--only", nargs="+", metavar="STEP", help="run only these steps (names as in OUT/summary.md)"
     )
     parser.add_argument("--bundle", type=Path, default=ROOT / "gpu-bundle", help="the wheels of the fit step")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help=f"the one file holding everything written (default OUT/{archive.NAME})",
+    )
     return parser
 
 
@@ -78,18 +87,31 @@ def run(args: argparse.Namespace) -> int:
                 f"--only {' '.join(unknown)}: no such step; the steps: {' '.join(s.name for s in plan)}"
             )
         plan = [s for s in plan if s.name in args.only]
+    out = args.out.resolve()
+    packed = (args.archive or out / archive.NAME).resolve()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = f"{'dry run (CPU, tiny shapes)' if args.dry_run else 'GPU'}, {when}"
+    note = ""
+
+    def write(records: list[dict], done: bool) -> str:
+        """OUT/summary.md and .json of the records so far, then the archive of everything in OUT."""
+        so_far = "" if done else f", in progress: {len(records)} of {len(plan)} steps begun"
+        text = summary.render(records, f"{header}{so_far}\n\n{note}")
+        (out / "summary").with_suffix(".md").write_text(text)  # OUT/summary.md
+        (out / "summary").with_suffix(".json").write_text(json.dumps(records, indent=1))
+        archive.write(out, packed)
+        return text
+
     scratch = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))  # not in OUT: what comes back is the report
     try:
         note = "dry run: the venv's own packages" if args.dry_run else install_for_steps(args, scratch)
         print(note, file=sys.stderr)
-        records = runner.run_all(plan, args.out, args.budget_s)
+        records = runner.run_all(plan, out, args.budget_s, on_change=lambda r: write(r, done=False))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    header = f"{'dry run (CPU, tiny shapes)' if args.dry_run else 'GPU'}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    text = summary.render(records, f"{header}\n\n{note}")
-    (args.out / "summary").with_suffix(".md").write_text(text)  # OUT/summary.md
-    (args.out / "summary.json").write_text(json.dumps(records, indent=1))
+    text = write(records, done=True)
     print(text)
+    print(f"everything above and each step's files: {packed}", file=sys.stderr)
     return 0
 
 

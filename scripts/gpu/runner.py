@@ -2,8 +2,11 @@
 
 Each step NN-name leaves in the output folder NN-name.stdout, NN-name.stderr (written as they come, so a
 killed step keeps what it printed) and NN-name.json: its status (ok / failed / timeout / skipped), the reason
-on one line, its seconds, its command and what its JSON stdout held ("result"). A step's stdout is one JSON
-document; a step may itself report {"status": "skipped", "reason": ...}.
+on one line, its seconds, its command and what its JSON stdout held ("result"). A step's stdout ends with one
+JSON document; a step may itself report {"status": "skipped", "reason": ...}. A step that measures rows
+(benchmarks/gpu.py) also prints each row as a ROW_MARK line as it finishes: the runner prints each on
+stderr as it comes, hands the rows so far to `on_change` (scripts/gpu_check.py rewrites its summary and
+archive), and keeps them as the result of a step that then times out or fails.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpu.steps import ROOT, Step
+from gpu.steps import ROOT, ROW_MARK, Step
+
+POLL_S = 1.0  # how often a running step's stdout is read for new rows
+REFRESH_S = 30.0  # how often on_change runs during a step that prints no row (its logs grow all the same)
+OnChange = Callable[[list[dict[str, Any]]], None]
 
 
 def last_line(path: Path) -> str:
@@ -33,6 +41,45 @@ def parse_stdout(text: str) -> Any:
     except json.JSONDecodeError:
         lines = text.strip().splitlines()
         return json.loads(lines[-1]) if lines else None
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """A streamed row in one line of stderr: what a run killed now still printed."""
+    mode = "compiled" if row.get("compile") else "eager"
+    figures = [row.get("status", "-")]
+    if row.get("tokens_per_s") is not None:
+        figures.append(f"{row['tokens_per_s']:,} tokens/s")
+    if row.get("mfu") is not None:
+        figures.append(f"MFU {row['mfu']:.1%}")
+    if row.get("error"):
+        figures.append(str(row["error"])[:120])
+    return (
+        f"    {row.get('size', '')} {row.get('attention')} {row.get('kernel')} {mode}: {', '.join(figures)}"
+    )
+
+
+class RowReader:
+    """The ROW_MARK lines a step has written to its stdout file so far, read from where the last read ended
+    (complete lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.rows = path, 0, []
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[: text.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        new = []
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith(ROW_MARK):
+                try:
+                    new.append(json.loads(line[len(ROW_MARK) :]))
+                except json.JSONDecodeError:
+                    continue  # a row cut by a kill: the rest still counts
+        self.rows += new
+        return new
 
 
 def judge_rows(result: Any) -> dict[str, str]:
@@ -58,8 +105,16 @@ def step_env(step: Step, timeout_s: float) -> dict[str, str]:
     return {**os.environ, **extra, **step.env}
 
 
-def run_step(step: Step, prefix: str, out: Path, timeout_s: float, python: str = sys.executable) -> dict:
-    """Run one step; its record (also written to out/prefix.json)."""
+def run_step(
+    step: Step,
+    prefix: str,
+    out: Path,
+    timeout_s: float,
+    python: str = sys.executable,
+    on_rows: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
+) -> dict:
+    """Run one step; its record (also written to out/prefix.json). While it runs, each streamed row is
+    printed on stderr and on_rows gets the rows so far (also every REFRESH_S without a new row)."""
     argv = step.argv(python)
     record: dict[str, Any] = {
         "step": step.name,
@@ -72,16 +127,29 @@ def run_step(step: Step, prefix: str, out: Path, timeout_s: float, python: str =
     stdout, stderr = out / f"{prefix}.stdout", out / f"{prefix}.stderr"
     start = time.perf_counter()
     with stdout.open("w") as so, stderr.open("w") as se:
+        reader, refreshed = RowReader(stdout), start
         # A session of its own: on a timeout the whole group goes (compile workers, decode's probes).
         proc = subprocess.Popen(
             argv, cwd=ROOT, env=step_env(step, timeout_s), stdout=so, stderr=se, start_new_session=True
         )
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
+        rc: int | None = None
+        while True:
+            try:
+                rc = proc.wait(timeout=max(min(POLL_S, start + timeout_s - time.perf_counter()), 0.01))
+                break
+            except subprocess.TimeoutExpired:
+                if time.perf_counter() - start >= timeout_s:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+            new = reader.new_rows()
+            for row in new:
+                print(row_line(row), file=sys.stderr, flush=True)
+            if new or time.perf_counter() - refreshed > REFRESH_S:
+                on_rows(reader.rows)
+                refreshed = time.perf_counter()
+    for row in reader.new_rows():  # what it printed after the last look
+        print(row_line(row), file=sys.stderr, flush=True)
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["returncode"] = rc
     if rc is None:
@@ -104,16 +172,26 @@ def run_step(step: Step, prefix: str, out: Path, timeout_s: float, python: str =
             )
         else:
             record.update(judge_rows(result))
+    if record.get("result") is None and reader.rows:  # timed out or failed: the rows it finished stay
+        record["result"] = {"rows": reader.rows, "partial": True}
     (out / f"{prefix}.json").write_text(json.dumps(record, indent=1))
     return record
 
 
-def run_all(steps: list[Step], out: Path, budget_s: float, python: str = sys.executable) -> list[dict]:
+def run_all(
+    steps: list[Step],
+    out: Path,
+    budget_s: float,
+    python: str = sys.executable,
+    on_change: OnChange = lambda records: None,
+) -> list[dict]:
     """Every step in order, each given the smaller of its timeout and the budget left; a step is skipped
-    when less than its min_s is left. Progress on stderr, one line a step."""
+    when less than its min_s is left. Progress on stderr, one line a step and one a streamed row; on_change
+    gets the records so far after every step, and while a step runs the records with that step's
+    provisional one (status "running", the rows so far as its result)."""
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    records = []
+    records: list[dict] = []
     for i, step in enumerate(steps, 1):
         prefix = f"{i:02d}-{step.name}"
         left = budget_s - (time.perf_counter() - start)
@@ -123,10 +201,22 @@ def run_all(steps: list[Step], out: Path, budget_s: float, python: str = sys.exe
                       "seconds": 0.0, "command": " ".join(step.argv(python)), "env": step.env}  # fmt: skip
             (out / f"{prefix}.json").write_text(json.dumps(record, indent=1))
         else:
-            record = run_step(step, prefix, out, min(step.timeout_s, left), python)
+            print(f"[{i}/{len(steps)}] {step.name}: running", file=sys.stderr, flush=True)
+            began = time.perf_counter()
+
+            def running(rows: list[dict[str, Any]], step: Step = step, began: float = began) -> None:
+                provisional = {"step": step.name, "title": step.title, "kind": step.kind, "status": "running",
+                               "reason": f"{len(rows)} rows so far", "seconds": round(time.perf_counter() - began, 1),
+                               "command": " ".join(step.argv(python)), "env": step.env, "result": {"rows": rows}}  # fmt: skip
+                on_change([*records, provisional])
+
+            record = run_step(step, prefix, out, min(step.timeout_s, left), python, running)
         records.append(record)
         why = f" ({record['reason']})" if record["reason"] else ""
         print(
-            f"[{i}/{len(steps)}] {step.name}: {record['status']}, {record['seconds']} s{why}", file=sys.stderr
+            f"[{i}/{len(steps)}] {step.name}: {record['status']}, {record['seconds']} s{why}",
+            file=sys.stderr,
+            flush=True,
         )
+        on_change(records)
     return records

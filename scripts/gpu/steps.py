@@ -27,6 +27,9 @@ HIDDEN = tuple(n for n in MISSING_ON_IMAGE if n not in NEEDED_BY_STEPS)
 
 # The SDPA backend switch read by lightning_modules/model/attention/kernel.py.
 BACKEND_ENV = "LRKV_SDPA_BACKEND"
+# benchmarks/gpu.py's ROW_MARK (tests/benchmarks/test_gpu_check.py holds them equal): the prefix of each row it
+# prints as it finishes. Not imported from there: that module imports torch, and the runner needs none.
+ROW_MARK = "gpu.py row: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,14 +68,16 @@ def train_args(
     dry_run: bool, compile_setting: str, timeout_s: float, kinds: tuple[str, ...]
 ) -> tuple[str, ...]:
     # benchmarks/gpu.py skips the rows past --budget-minutes: a third of the step is left for the rows
-    # already started (a compiled 128m row spends most of its time compiling) and the process start.
+    # already started (a compiled 128m row spends most of its time compiling) and the process start. It runs
+    # every attention's eager rows first and starts a compiled row only with --compiled-row-s left.
     minutes = f"{timeout_s * 2 / 3 / 60:.2f}"
+    budget = ("--budget-minutes", minutes, "--compiled-row-s", "60")
     if dry_run:  # its CPU smoke run; compiling on 2 CPU cores would alone exceed the dry run's budget
         tiny = ("--device", "cpu", "--sizes", "nano", "--seq-len", "32", "--batch-size", "2")
         return (*tiny, "--steps", "1", "--warmup", "1", "--json", "--kernels", "sdpa", "--compile", "off",
-                "--budget-minutes", minutes, "--kinds", *kinds)  # fmt: skip
+                *budget, "--kinds", *kinds)  # fmt: skip
     return ("--sizes", "128m", "--json", "--device", "cuda", "--kernels", "flash", "sdpa", "--compile",
-            compile_setting, "--budget-minutes", minutes, "--kinds", *kinds)  # fmt: skip
+            compile_setting, *budget, "--kinds", *kinds)  # fmt: skip
 
 
 def decode_args(dry_run: bool, batch: int) -> tuple[str, ...]:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
 import time
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from lightning_modules.costs import step_time
 from lightning_modules.model.attention import kernel
 
 PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
@@ -41,8 +44,11 @@ def test_without_cuda_it_says_so_and_exits_cleanly(
 def test_cpu_smoke_run_gives_every_row(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     tiny = ["--device", "cpu", "--sizes", "nano", "--seq-len", "32", "--batch-size", "2", "--steps", "1"]
     assert bench.main([*tiny, "--warmup", "0", "--compile", "off", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    *streamed, last = capsys.readouterr().out.splitlines()
+    report = json.loads(last)
     rows = report["rows"]
+    as_measured = [{k: v for k, v in r.items() if k != "vs_mha"} for r in rows]  # vs_mha comes at the end
+    assert [json.loads(line.removeprefix(bench.ROW_MARK)) for line in streamed] == as_measured
     labels = [r["attention"] for r in rows]
     assert labels == ["mha", "mqa", "gqa-g2", "mla-c64", "lrkv-r8 (factorized)", "lrkv-r8 (materialized)"]
     for r in rows:
@@ -58,22 +64,38 @@ def test_cpu_smoke_run_gives_every_row(bench: ModuleType, capsys: pytest.Capture
 
 
 def test_verdicts_follow_the_targets(bench: ModuleType) -> None:
-    def row(attention: str, kernel_name: str, tps: int, mfu: float) -> dict:
+    def row(attention: str, kernel_name: str, tps: int, mfu: float, compiled: bool = False) -> dict:
         return {"size": "128m", "attention": attention, "kernel": kernel_name, "tokens_per_s": tps, "mfu": mfu,
-                "seq_len": 2048, "status": "ok"}  # fmt: skip
+                "seq_len": 2048, "batch": 16, "compile": compiled, "status": "ok"}  # fmt: skip
 
+    eager, compiled = step_time.target("128m", False), step_time.target("128m", True)
+    assert eager.micro_batch == 16 and eager.device == step_time.H100.name  # conf/recipe/128m.yaml, H100 SXM
     rows = [
-        row("mha", "sdpa", 100, 0.40),
-        row("mha", "flash", 120, 0.46),
+        row("mha", "sdpa", 100, eager.mfu - 0.02),
+        row("mha", "flash", 120, eager.mfu + 0.01),  # the best eager row is the one judged
+        row("mha", "flash", 150, compiled.mfu - 0.01, compiled=True),
         row("mla-c128", "sdpa", 100, 0.3),
         row("lrkv-r46 (factorized)", "flash", 110, 0.4),
         row("lrkv-r46 (materialized)", "flash", 90, 0.3),
     ]
-    verdicts = bench.compare(rows)
-    assert "PASS 128m mha MFU 46.0% (target >= 45%, flash)" in verdicts
-    assert "FAIL 128m mla-c128 83.3% of mha's tokens/s (target >= 90 %)" in verdicts  # 100 / 120
-    assert "PASS 128m lrkv-r46 (factorized) 91.7% of mha's tokens/s (target >= 90 %)" in verdicts
-    assert [r["vs_mha"] for r in rows] == [1.0, 1.0, 1.0, 0.917, 0.75]  # against mha on the same kernel
+    verdicts = bench.compare(rows, "NVIDIA H100 80GB HBM3")
+    printed = {line.split()[3]: line for line in verdicts if " MFU " in line}
+    assert printed["eager"].startswith(f"PASS 128m mha eager MFU {eager.mfu + 0.01:.1%}")
+    assert printed["compiled"].startswith(f"FAIL 128m mha compiled MFU {compiled.mfu - 0.01:.1%}")
+    for mode, aim in (("eager", eager), ("compiled", compiled)):  # the target printed is step_time's figure
+        target = printed[mode].split("target >= ")[1].split(",")[0]
+        assert target == f"{aim.mfu:.1%}" and 0.15 < aim.mfu < 0.6
+    assert "FAIL 128m mla-c128 66.7% of mha's tokens/s (target >= 90 %)" in verdicts  # 100 / 150
+    assert "FAIL 128m lrkv-r46 (factorized) 73.3% of mha's tokens/s (target >= 90 %)" in verdicts
+    assert [r["vs_mha"] for r in rows] == [1.0, 1.0, 1.0, 1.0, 0.917, 0.75]  # against mha on the same kernel
+
+
+def test_the_mfu_target_follows_the_device(bench: ModuleType) -> None:
+    row = {"size": "128m", "attention": "mha", "kernel": "sdpa", "tokens_per_s": 1, "mfu": 0.3, "seq_len": 2048,
+           "batch": 16, "compile": False, "status": "ok"}  # fmt: skip
+    h100, h200 = bench.mfu_target("128m", row, None), bench.mfu_target("128m", row, "NVIDIA H200")
+    assert h100 == step_time.target("128m", False).mfu  # an unnamed device: H100 SXM's figures
+    assert h200 > h100  # the same peak, faster HBM
 
 
 @pytest.mark.slow  # inductor compiles on first use
@@ -83,7 +105,7 @@ def test_compile_on_and_off_rows_with_the_memory_plan(
     tiny = ["--device", "cpu", "--sizes", "nano", "--seq-len", "32", "--batch-size", "2", "--steps", "1"]
     argv = [*tiny, "--warmup", "0", "--kinds", "mha", "--kernels", "sdpa", "--precision", "fp32", "--json"]
     assert bench.main(argv) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
     assert [(r["attention"], r["compile"], r["status"]) for r in rows] == [
         ("mha", False, "ok"),
         ("mha", True, "ok"),
@@ -135,22 +157,75 @@ def test_a_dead_child_costs_its_row_and_a_fresh_child_runs_the_rest(
     n = len(bench.plan("nano", args))
     commands: list[list[str]] = []
 
-    def run(command: list[str], **kwargs: Any) -> SimpleNamespace:
+    def stream_child(command: list[str], env: Any, timeout_s: float, on_line: Any) -> str:
         commands.append(command)
         todo = [int(i) for i in command[command.index("--rows") + 1 :]]
         done = todo[:2] if len(commands) == 1 else todo  # the first child dies on its third row
-        lines = ["some library's own stdout line"]
-        lines += [bench.ROW_MARK + json.dumps({"index": i, "attention": f"row{i}", "kernel": "sdpa",
-                                              "compile": False, "status": "ok"}) for i in done]  # fmt: skip
-        return SimpleNamespace(stdout="\n".join(lines), returncode=-11 if len(commands) == 1 else 0)
+        on_line("some library's own stdout line")
+        for i in done:
+            on_line(bench.ROW_MARK + json.dumps({"index": i, "attention": f"row{i}", "kernel": "sdpa",
+                                                 "compile": False, "status": "ok"}))  # fmt: skip
+        return "exited -11" if len(commands) == 1 else "exited 0"
 
-    monkeypatch.setattr(bench.subprocess, "run", run)
-    rows = bench.child_rows("nano", argv, time.time() + 60, args)
+    monkeypatch.setattr(bench, "stream_child", stream_child)
+    emitted: list[dict] = []
+    rows = bench.child_rows("nano", argv, time.time() + 60, args, emitted.append)
     assert [r["status"] for r in rows] == ["ok", "ok", "crashed"] + ["ok"] * (n - 3)
     assert rows[2]["error"] == "the child process exited -11 on this row (its stderr above)"
     assert [r["attention"] for r in rows if r["status"] == "ok"] == [f"row{i}" for i in range(n) if i != 2]
     assert commands[0][commands[0].index("--one-size") + 1] == "nano"
     assert commands[1][commands[1].index("--rows") + 1 :] == [str(i) for i in range(3, n)]
+    assert emitted == [rows[i] for i in (0, 1, 2, *range(3, n))]  # each row handed on as it came
+
+
+def test_a_childs_lines_come_as_printed_and_a_stuck_child_is_ended(bench: ModuleType) -> None:
+    script = "import sys, time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b', flush=True)\n"
+    seen: list[tuple[str, float]] = []
+    start = time.monotonic()
+    ended = bench.stream_child(
+        [sys.executable, "-c", script],
+        dict(os.environ),
+        30,
+        lambda line: seen.append((line, time.monotonic() - start)),
+    )
+    assert ended == "exited 0" and [line for line, _ in seen] == ["a", "b"]
+    assert seen[1][1] - seen[0][1] >= 0.25  # 'a' was handed on before 'b' was printed
+    stuck = "import time\nprint('c', flush=True)\ntime.sleep(60)\n"
+    lines: list[str] = []
+    ended = bench.stream_child([sys.executable, "-c", stuck], dict(os.environ), 1.0, lines.append)
+    assert ended.startswith("was ended") and lines == ["c"] and time.monotonic() - start < 20
+
+
+def test_eager_rows_come_first_and_a_compiled_row_needs_its_time(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = bench.build_parser().parse_args([*TINY, "--compile", "both", "--kernels", "sdpa"])
+    specs = bench.plan("nano", args)
+    n = len(bench.variants())
+    assert [compiled for *_, compiled in specs] == [False] * n + [
+        True
+    ] * n  # every attention's eager row first
+    assert [kind for kind, *_ in specs[:n]] == [kind for kind, *_ in specs[n:]]
+    args.bf16, args.compiled_row_s = False, 30.0
+    monkeypatch.setattr(
+        bench,
+        "measure",
+        lambda size, kind, path, k, compiled, *a: {
+            "status": "ok",
+            "compile": compiled,
+            "size": size,
+            "attention": kind,
+            "kernel": k,
+        },
+    )
+    rows = [
+        row
+        for _, row in bench.measure_rows(
+            "nano", list(range(2 * n)), time.time() + 20, args, torch.device("cpu")
+        )
+    ]
+    assert [r["status"] for r in rows] == ["ok"] * n + ["skipped"] * n  # 20 s left: no compiled row starts
+    assert rows[n]["error"].endswith("a compiled row takes about 30 s")
 
 
 def test_rows_past_the_deadline_are_skipped_without_a_child(

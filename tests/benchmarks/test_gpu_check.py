@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +27,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 def gpu() -> ModuleType:
     """scripts/gpu/ as the package `gpu`, the way scripts/gpu_check.py imports it."""
     sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu.archive
     import gpu.runner
     import gpu.site
     import gpu.steps
@@ -67,6 +69,17 @@ def test_dry_run_goes_through_every_step(
         assert records[name]["status"] == "ok", (name, records[name]["reason"])
     summary = (out / "summary").with_suffix(".md").read_text()  # OUT/summary.md
     assert summary == done.stdout.removesuffix("\n")  # printed as written
+    # everything in one file: each step's three, the summary's two, the fit's MLflow store
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        packed_summary = tar.extractfile(members["gpu-check/summary.md"]).read().decode()  # type: ignore[union-attr]
+    expected = {
+        f"gpu-check/{i:02d}-{n}.{ext}" for i, n in enumerate(names, 1) for ext in ("stdout", "stderr", "json")
+    }
+    expected |= {"gpu-check/summary.md", "gpu-check/summary.json", "gpu-check/fit/mlflow.db"}
+    assert expected <= set(members), sorted(expected - set(members))
+    assert packed_summary == summary  # the archive's last rewrite came after the summary's
+    assert [p.name for p in out.iterdir() if p.name.startswith("gpu-check")] == ["gpu-check.tar.gz"]
     for i, name in enumerate(names, 1):
         assert f"| {i} | {name} | ok |" in summary
     # what needs CUDA says so
@@ -157,6 +170,55 @@ def test_failed_timed_out_and_skipped_steps_are_recorded_and_the_next_runs(
         and "| 2 | hang | timeout |" in text
         and "| 9 | late | skipped |" in text
     )
+
+
+def test_rows_stream_in_as_they_finish_and_a_killed_step_keeps_them(
+    gpu: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that prints two rows, then hangs: each row reaches on_change (so the summary and the archive)
+    while the step runs, and the step's record keeps both after its timeout."""
+    monkeypatch.setattr(gpu.runner, "POLL_S", 0.2)
+    Step = gpu.steps.Step
+    rows = [{"attention": "mha", "kernel": "sdpa", "compile": False, "status": "ok", "tokens_per_s": 10},
+            {"attention": "mqa", "kernel": "sdpa", "compile": False, "status": "ok", "tokens_per_s": 12}]  # fmt: skip
+    body = "import json, time\n" + "".join(
+        f"print({gpu.steps.ROW_MARK + json.dumps(r)!r}, flush=True)\ntime.sleep(0.8)\n" for r in rows
+    )
+    script = write(tmp_path / "rows.py", body + "time.sleep(60)\n")
+    seen: list[list[dict]] = []
+    out = tmp_path / "out"
+    plan = [Step("train-auto", "rows, then a hang", script, (), 4, "train", image_only=False)]
+    (record,) = gpu.runner.run_all(
+        plan, out, budget_s=60, on_change=lambda r: seen.append(json.loads(json.dumps(r)))
+    )
+    assert record["status"] == "timeout" and record["result"] == {"rows": rows, "partial": True}
+    running = [r[-1]["result"]["rows"] for r in seen if r[-1]["status"] == "running"]
+    assert running[:2] == [rows[:1], rows]  # one call per new row, as it came
+    assert seen[-1] == [json.loads((out / "01-train-auto.json").read_text())]  # then the record
+    assert "| mqa | sdpa | - | off | - | 12 |" in gpu.summary.render(seen[-1], "test")
+
+
+def test_the_archive_holds_every_file_and_replaces_itself_whole(gpu: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "fit").mkdir(parents=True)
+    (out / "01-env.json").write_text("{}")
+    (out / "fit" / "mlflow.db").write_bytes(b"db")
+    packed = out / gpu.archive.NAME
+    assert gpu.archive.write(out, packed) == ["gpu-check/01-env.json", "gpu-check/fit/mlflow.db"]
+    (out / "02-ceiling.json").write_text('{"x": 1}')
+    names = gpu.archive.write(out, packed)  # itself and its temporary file are never members
+    assert names == ["gpu-check/01-env.json", "gpu-check/02-ceiling.json", "gpu-check/fit/mlflow.db"]
+    with tarfile.open(packed) as tar:
+        assert tar.getnames() == names
+        assert tar.extractfile("gpu-check/02-ceiling.json").read() == b'{"x": 1}'  # type: ignore[union-attr]
+    assert sorted(p.name for p in out.iterdir()) == ["01-env.json", "02-ceiling.json", "fit", packed.name]
+    elsewhere = gpu.archive.write(out, tmp_path / "back" / "gpu-check.tar.gz")  # --archive outside OUT
+    assert len(elsewhere) == 4 and "gpu-check/gpu-check.tar.gz" in elsewhere  # OUT's own archive is a file
+
+
+def test_the_runners_row_mark_is_the_benchmarks(gpu: ModuleType) -> None:
+    bench = load_script("benchmarks/gpu.py", "gpu_benchmark_mark")
+    assert gpu.steps.ROW_MARK == bench.ROW_MARK
 
 
 def test_summary_tables_carry_the_rows(gpu: ModuleType) -> None:
