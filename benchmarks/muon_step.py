@@ -4,11 +4,17 @@ orthogonalises the matrices it owns, lightning_modules/optim/distributed.py) aga
 
     python benchmarks/muon_step.py [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
     python benchmarks/muon_step.py --reference-loop [--size 20m] [--attention lrkv] [--threads 1] [--steps 5]
+    python benchmarks/muon_step.py --adamw-foreach [--size 20m] [--attention lrkv] [--optimizer adamw] [--steps 5]
 
 --reference-loop: one process, no FSDP: Newton-Schulz batched over equal-shaped matrices (the default,
 lightning_modules/optim/muon.py) against the per-matrix reference loop (batched_newton_schulz=False), same
 model, same fixed gradients, alternating the two paths step by step so that load from other jobs falls on
 both; median wall and CPU (process) time of the timed steps, and Newton-Schulz calls per step.
+
+--adamw-foreach: one process, no FSDP: the AdamW groups on torch's foreach path (the default) against one
+tensor at a time (adamw_foreach=False), same model and gradients, alternating step by step; median wall and
+CPU time of the whole optimiser step (with --optimizer muon, the Muon groups' work is in both), and the torch
+operations one step calls (on a GPU, each at least one kernel launch).
 
 Each rank runs one thread. The model is sharded by `parallelize` as in training, given fixed random
 gradients, and each path takes warm-up steps, then `--steps` timed steps (median of the slowest rank per
@@ -25,12 +31,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor
+from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -137,6 +145,71 @@ def reference_loop(args: argparse.Namespace) -> dict:
     }
 
 
+# What CountOps leaves out: attribute reads, reads of the host step counters, grad mode, profiler marks, and
+# host scalars made from Python numbers; none of them is a kernel on a GPU.
+NOT_KERNELS = ("__get__", "item", "is_complex", "_set_grad_enabled", "tensor", "_record_function_enter_new")
+
+
+class CountOps(TorchFunctionMode):
+    """Counts the torch operations called that compute on tensors (a foreach operation once, however many
+    tensors it takes): on a GPU each is at least one kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += getattr(func, "__name__", "") not in NOT_KERNELS
+        return func(*args, **(kwargs or {}))
+
+
+def adamw_paths(args: argparse.Namespace) -> dict:
+    """The optimiser step with the AdamW groups on the foreach path against the single-tensor path: both
+    optimisers step the same model from the same gradients, alternating."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config, _ = costs.load_configs([costs.fragment("model", args.size)])
+    model = Transformer(config, AttentionConfig(kind=args.attention))
+    g = torch.Generator().manual_seed(1)
+    grads = {name: torch.randn(p.shape, generator=g) * 1e-3 for name, p in model.named_parameters()}
+    opts = {}
+    for label, foreach in (("single", False), ("foreach", True)):
+        opts[label] = build_optimizer(model, OptimizerConfig(name=args.optimizer, lr=0.02))
+        opts[label].adamw_foreach = foreach
+    wall: dict[str, list[float]] = {label: [] for label in opts}
+    cpu: dict[str, list[float]] = {label: [] for label in opts}
+    for step in range(WARMUP + args.steps):
+        for label, opt in opts.items():
+            for name, p in model.named_parameters():
+                p.grad = grads[name]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            opt.step()
+            if step >= WARMUP:
+                wall[label].append(time.perf_counter() - start)
+                cpu[label].append(time.process_time() - start_cpu)
+    ops = {}
+    for label, opt in opts.items():  # one more step each, counting the operations it calls
+        for name, p in model.named_parameters():
+            p.grad = grads[name]
+        with CountOps() as counter:
+            opt.step()
+        ops[label] = counter.count
+    adamw = [p for g in opts["single"].param_groups if not g["use_muon"] for p in g["params"]]
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "adamw_tensors": len(adamw),
+        "adamw_params": sum(p.numel() for p in adamw),
+        **{
+            label: {
+                "step_s": statistics.median(wall[label]),
+                "cpu_s": statistics.median(cpu[label]),
+                "ops_per_step": ops[label],
+            }
+            for label in opts
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,8 +220,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reference-loop", action="store_true", help="one process: batched vs loop")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (--reference-loop)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (--reference-loop, --adamw-foreach)"
+    )
+    parser.add_argument("--adamw-foreach", action="store_true", help="one process: AdamW foreach vs single")
+    parser.add_argument(
+        "--optimizer", default="adamw", choices=["adamw", "muon"], help="with --adamw-foreach"
+    )
     args = parser.parse_args()
+    if args.adamw_foreach:
+        result = adamw_paths(args)
+        if args.json:
+            print(json.dumps(result))
+            return
+        print(
+            f"{args.size} {args.attention} {args.optimizer}, {result['params'] / 1e6:.1f}M parameters, "
+            f"{result['adamw_tensors']} AdamW tensors ({result['adamw_params'] / 1e6:.1f}M), one process, "
+            f"{args.threads} thread(s)"
+        )
+        for label in ("single", "foreach"):
+            r = result[label]
+            print(
+                f"  {label:8s} step {r['step_s'] * 1e3:8.2f} ms  CPU {r['cpu_s'] * 1e3:8.2f} ms  "
+                f"operations {r['ops_per_step']}"
+            )
+        print(
+            f"  speed-up {result['single']['step_s'] / result['foreach']['step_s']:.2f}x (wall), "
+            f"{result['single']['cpu_s'] / result['foreach']['cpu_s']:.2f}x (CPU)"
+        )
+        return
     if args.reference_loop:
         result = reference_loop(args)
         if args.json:

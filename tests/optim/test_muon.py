@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
+from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.muon import MuonAdamW
+from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
+from tests.helpers import attn, tiny_model
 
 
 def _grads(params: list[torch.Tensor], seed: int) -> None:
@@ -116,3 +121,34 @@ def test_assignment_balances_flops_largest_first() -> None:
         owner = assign(flops, world)
         load = [sum(f for f, o in zip(flops, owner, strict=True) if o == r) for r in range(world)]
         assert sum(load) == sum(flops) and max(load) <= 4 / 3 * max(sum(flops) / world, max(flops))
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_adamw_groups_step_on_the_foreach_path_as_the_single_tensor_path_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole tiny model's optimiser (every group, with its own LR and decay): the default foreach AdamW and
+    the single-tensor one take the same steps, and the default did run torch's foreach kernels."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model(), attn("lrkv"))
+    twin = copy.deepcopy(model)
+    config = OptimizerConfig(name=name, lr=0.02, embed_lr=0.1, head_lr=0.004)
+    opt, ref = build_optimizer(model, config), build_optimizer(twin, config)
+    ref.adamw_foreach = False
+    calls: list[int] = []
+    original = torch._foreach_addcdiv_
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(len(args[0]))  # type: ignore[arg-type]
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "_foreach_addcdiv_", counted)
+    for step in range(3):
+        _grads(list(model.parameters()), step)
+        _grads(list(twin.parameters()), step)
+        opt.step()
+        ref.step()
+    adamw_groups = [g for g in opt.param_groups if not g["use_muon"]]
+    assert calls == [len(g["params"]) for g in adamw_groups] * 3  # one call per AdamW group and step
+    for (key, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=key)  # bitwise on the CPU: the same operations
