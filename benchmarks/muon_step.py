@@ -4,16 +4,16 @@ orthogonalises the matrices it owns, lightning_modules/optim/distributed.py) aga
 
     python benchmarks/muon_step.py [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
     python benchmarks/muon_step.py --reference-loop [--size 20m] [--attention lrkv] [--threads 1] [--steps 5]
-    python benchmarks/muon_step.py --adamw-foreach [--size 20m] [--attention lrkv] [--optimizer adamw] [--steps 5]
+    python benchmarks/muon_step.py --adamw-paths [--size 20m] [--attention lrkv] [--optimizer adamw] [--steps 5]
 
 --reference-loop: one process, no FSDP: Newton-Schulz batched over equal-shaped matrices (the default,
 lightning_modules/optim/muon.py) against the per-matrix reference loop (batched_newton_schulz=False), same
 model, same fixed gradients, alternating the two paths step by step so that load from other jobs falls on
 both; median wall and CPU (process) time of the timed steps, and Newton-Schulz calls per step.
 
---adamw-foreach: one process, no FSDP: the AdamW groups on torch's foreach path (the default) against one
-tensor at a time (adamw_foreach=False), same model and gradients, alternating step by step; median wall and
-CPU time of the whole optimiser step (with --optimizer muon, the Muon groups' work is in both), and the torch
+--adamw-paths: one process, no FSDP: the AdamW groups on each of torch's paths (MuonAdamW's adamw_path: one
+tensor at a time, foreach, fused: the default), same model and gradients, alternating step by step; median
+wall and CPU time of the whole optimiser step (with --optimizer muon, the Muon groups' work is in each), and the torch
 operations one step calls (on a GPU, each at least one kernel launch).
 
 Each rank runs one thread. The model is sharded by `parallelize` as in training, given fixed random
@@ -50,6 +50,7 @@ from lightning_modules.model.transformer import Transformer  # noqa: E402
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer  # noqa: E402
 
 WARMUP = 2
+PATHS = ("single", "foreach", "fused")  # MuonAdamW's adamw_path, the reference first
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -147,7 +148,16 @@ def reference_loop(args: argparse.Namespace) -> dict:
 
 # What CountOps leaves out: attribute reads, reads of the host step counters, grad mode, profiler marks, and
 # host scalars made from Python numbers; none of them is a kernel on a GPU.
-NOT_KERNELS = ("__get__", "item", "is_complex", "_set_grad_enabled", "tensor", "_record_function_enter_new")
+NOT_KERNELS = (
+    "__get__",
+    "device",
+    "item",
+    "is_complex",
+    "_set_grad_enabled",
+    "tensor",
+    "_record_function_enter_new",
+    "_record_function_exit",
+)
 
 
 class CountOps(TorchFunctionMode):
@@ -164,8 +174,8 @@ class CountOps(TorchFunctionMode):
 
 
 def adamw_paths(args: argparse.Namespace) -> dict:
-    """The optimiser step with the AdamW groups on the foreach path against the single-tensor path: both
-    optimisers step the same model from the same gradients, alternating."""
+    """The optimiser step with the AdamW groups on each path: the optimisers step the same model from the
+    same gradients, alternating."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config, _ = costs.load_configs([costs.fragment("model", args.size)])
@@ -173,9 +183,9 @@ def adamw_paths(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(1)
     grads = {name: torch.randn(p.shape, generator=g) * 1e-3 for name, p in model.named_parameters()}
     opts = {}
-    for label, foreach in (("single", False), ("foreach", True)):
+    for label in PATHS:
         opts[label] = build_optimizer(model, OptimizerConfig(name=args.optimizer, lr=0.02))
-        opts[label].adamw_foreach = foreach
+        opts[label].adamw_path = label
     wall: dict[str, list[float]] = {label: [] for label in opts}
     cpu: dict[str, list[float]] = {label: [] for label in opts}
     for step in range(WARMUP + args.steps):
@@ -221,14 +231,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reference-loop", action="store_true", help="one process: batched vs loop")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (--reference-loop, --adamw-foreach)"
+        "--threads", type=int, default=1, help="torch threads (--reference-loop, --adamw-paths)"
     )
-    parser.add_argument("--adamw-foreach", action="store_true", help="one process: AdamW foreach vs single")
-    parser.add_argument(
-        "--optimizer", default="adamw", choices=["adamw", "muon"], help="with --adamw-foreach"
-    )
+    parser.add_argument("--adamw-paths", action="store_true", help="one process: AdamW's three paths")
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"], help="with --adamw-paths")
     args = parser.parse_args()
-    if args.adamw_foreach:
+    if args.adamw_paths:
         result = adamw_paths(args)
         if args.json:
             print(json.dumps(result))
@@ -238,16 +246,17 @@ def main() -> None:
             f"{result['adamw_tensors']} AdamW tensors ({result['adamw_params'] / 1e6:.1f}M), one process, "
             f"{args.threads} thread(s)"
         )
-        for label in ("single", "foreach"):
+        for label in PATHS:
             r = result[label]
             print(
                 f"  {label:8s} step {r['step_s'] * 1e3:8.2f} ms  CPU {r['cpu_s'] * 1e3:8.2f} ms  "
                 f"operations {r['ops_per_step']}"
             )
-        print(
-            f"  speed-up {result['single']['step_s'] / result['foreach']['step_s']:.2f}x (wall), "
-            f"{result['single']['cpu_s'] / result['foreach']['cpu_s']:.2f}x (CPU)"
-        )
+        for label in PATHS[1:]:
+            print(
+                f"  single / {label} {result['single']['step_s'] / result[label]['step_s']:.2f}x (wall), "
+                f"{result['single']['cpu_s'] / result[label]['cpu_s']:.2f}x (CPU)"
+            )
         return
     if args.reference_loop:
         result = reference_loop(args)

@@ -313,8 +313,8 @@ def _gathered_bytes(net: torch.nn.Module, setup: Setup) -> int:
 def _step_transient(net: torch.nn.Module, groups: list[dict], setup: Setup) -> int:
     """The optimiser step's largest short-lived bytes. Muon per matrix parameter: the Nesterov update
     (local, fp32), under FSDP the whole gathered update (fp32), the Newton-Schulz iterates of its largest
-    logical matrix (bf16: X, X X^T, and two more of each) and the orthogonalised whole (bf16). AdamW per
-    parameter (foreach=False): about two temporaries of its local size."""
+    logical matrix (bf16: X, X X^T, and two more of each) and the orthogonalised whole (bf16). AdamW runs
+    fused (MuonAdamW's default adamw_path): in place, no temporaries."""
     shard = setup.shard_ranks
     worst = 0
     for group in groups:
@@ -327,8 +327,6 @@ def _step_transient(net: torch.nn.Module, groups: list[dict], setup: Setup) -> i
                 ns = BF16 * (2 * rows * cols + 3 * small * small)
                 gathered = FP32 * whole if setup.sharded else 0
                 worst = max(worst, FP32 * local + gathered + ns + BF16 * whole + FP32 * local)
-            else:
-                worst = max(worst, 2 * FP32 * local)
     return worst
 
 

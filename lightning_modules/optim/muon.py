@@ -12,8 +12,8 @@ would differ between variants for reasons that have nothing to do with attention
 exactly torch.optim.Muon's update (same momentum, Nesterov, Newton-Schulz iteration and coefficients, LR
 adjustment, decoupled weight decay), but on each logical block: row blocks of a fused weight
 (Attention.muon_blocks) and each matrix of a 3-D parameter. With no blocks it equals torch.optim.Muon
-(tests/optim/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged, on
-its foreach path.
+(tests/optim/test_muon.py). Groups with use_muon=False run torch's own AdamW functional, unchanged, fused
+by default (`adamw_path`).
 
 Under FSDP2 (docs/architecture.md, "Scale") parameters, gradients and momenta are DTensors sharded on dim 0,
 and each rank holds a slice of rows. Orthogonalising a slice on its own (what torch.optim.Muon does with a
@@ -48,6 +48,8 @@ from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _adjust_lr, _zero
 from torch.optim.adamw import adamw
 
 from lightning_modules.optim.distributed import Plan, mesh_key, ns_flops
+
+ADAMW_PATHS = ("fused", "foreach", "single")  # MuonAdamW's adamw_path
 
 
 def orthogonalise(
@@ -190,7 +192,7 @@ class MuonAdamW(Optimizer):
         distribute_newton_schulz: bool = True,
         batched_newton_schulz: bool = True,
         ns_batch_elements: int = 2**24,
-        adamw_foreach: bool = True,
+        adamw_path: str = "fused",
     ) -> None:
         """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps).
         distribute_newton_schulz: under FSDP, each rank orthogonalises only its share of the matrices
@@ -198,9 +200,10 @@ class MuonAdamW(Optimizer):
         batched_newton_schulz: one batched Newton-Schulz call per matrix shape (module docstring); False:
         one call per matrix (the reference loop). ns_batch_elements: most matrix elements in one batched
         call, which bounds its transient buffers (bf16, a few times that: 2**24 is about 100 MiB).
-        adamw_foreach: the AdamW groups step all their tensors in one call per operation (torch's foreach
-        path), not one tensor at a time; False: the single-tensor path (the reference it is tested against,
-        tests/optim/test_muon.py)."""
+        adamw_path: how torch's AdamW steps the AdamW groups. "fused" (the default, CPU and CUDA): one kernel
+        for all of a group's tensors, no temporaries; "foreach": about 9 operations per group, each over all
+        its tensors, with one temporary the group's size; "single": one tensor at a time (the reference the
+        others are tested against, tests/optim/test_muon.py)."""
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -219,7 +222,9 @@ class MuonAdamW(Optimizer):
         self.distribute_newton_schulz = distribute_newton_schulz
         self.batched_newton_schulz = batched_newton_schulz
         self.ns_batch_elements = ns_batch_elements
-        self.adamw_foreach = adamw_foreach
+        if adamw_path not in ADAMW_PATHS:
+            raise ValueError(f"adamw_path={adamw_path!r}: one of {', '.join(ADAMW_PATHS)}")
+        self.adamw_path = adamw_path
         self.ns_flops = 0  # Newton-Schulz FLOPs run on this rank so far
         self.ns_calls = 0  # Newton-Schulz calls made on this rank so far (a batched call counts once)
         self.transient_bytes = 0  # largest transient buffers of one distributed exchange so far
@@ -346,14 +351,19 @@ class MuonAdamW(Optimizer):
 
     def _adamw_step(self, group: dict) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        fused = self.adamw_path == "fused"
         for p in group["params"]:
             if p.grad is None:
                 continue
             state = self.state[p]
+            # The fused kernel counts steps on the parameter's device; the other paths read them on the host.
+            where = p.device if fused else torch.device("cpu")
             if not state:
-                state["step"] = torch.tensor(0.0)
+                state["step"] = torch.zeros((), dtype=torch.float32, device=where)  # a fill, not a copy
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif state["step"].device != where:  # a checkpoint written on another path: once, then in place
+                state["step"] = state["step"].to(where)
             params.append(p)
             grads.append(p.grad)
             exp_avgs.append(state["exp_avg"])
@@ -367,9 +377,8 @@ class MuonAdamW(Optimizer):
             exp_avg_sqs,
             [],
             steps,
-            # foreach: about 9 operations per group rather than per tensor (each a GPU launch); the same
-            # operations in the same order, so the values equal the single-tensor path's (see __init__)
-            foreach=self.adamw_foreach,
+            foreach=self.adamw_path == "foreach",
+            fused=fused,
             amsgrad=False,
             beta1=beta1,
             beta2=beta2,
