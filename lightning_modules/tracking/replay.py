@@ -15,6 +15,9 @@ sent from that file.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +85,8 @@ def replay(path: Path, tracking_uri: str | None = None, run_id: str | None = Non
             client = MlflowClient(uri)
     except Exception as e:  # a store that cannot even be opened: nothing was sent
         raise ReplayError(f"cannot open the MLflow store {uri} ({_why(e)}); nothing was sent") from e
-    sent, error = send_pending(client, path, pending, run_id)
+    with _store_logs_quiet():
+        sent, error = send_pending(client, path, pending, run_id)
     if error is not None:
         left = len(pending.ops) - sent
         then = (
@@ -98,5 +102,24 @@ def replay(path: Path, tracking_uri: str | None = None, run_id: str | None = Non
     return Replayed(path, sent, pending.cut_line)
 
 
+@contextlib.contextmanager
+def _store_logs_quiet() -> Iterator[None]:
+    """MLflow's SQL store logs each failed write with its traceback at ERROR before raising (a read-only
+    database printed two); the replay reports the failure itself, in one line, so those records are dropped
+    while it sends."""
+    noisy = logging.getLogger("mlflow.store.db.utils")
+    before = noisy.level
+    noisy.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        noisy.setLevel(before)
+
+
 def _why(error: BaseException) -> str:
-    return f"{type(error).__name__}: {one_line(error)[:300]}"
+    """The error's first cause (a store's wrapper exceptions repeat the SQL around it): its type and message."""
+    root, seen = error, {id(error)}
+    while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
+        root = cause
+        seen.add(id(root))
+    return f"{type(root).__name__}: {one_line(root)[:300]}"

@@ -211,3 +211,49 @@ def test_an_append_after_a_cut_line_keeps_the_file_readable(
     write_pending(pending, {}, [buffer.batch_op("old", tags=())], append=True)
     after = read_pending(pending)
     assert after.cut_line is None and len(after.ops) == 7 and "line 8 was cut short" in caplog.text
+
+
+def read_only(db: Path) -> Callable[[], None] | None:
+    """Make the store's database file unwritable (immutable for root, who ignores modes; mode 0444 otherwise)
+    and return how to undo it, or None where neither holds on this filesystem."""
+    import os
+    import subprocess
+
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode == 0
+        undo = lambda: subprocess.run(["chattr", "-i", str(db)], check=False)  # noqa: E731
+    else:
+        db.chmod(0o444)
+        made, undo = True, lambda: db.chmod(0o644)  # noqa: E731
+    try:
+        with db.open("ab"):
+            pass
+    except OSError:
+        return undo
+    if made:
+        undo()
+    return None
+
+
+def test_a_store_that_cannot_be_written_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_at: Callable[[Path], str]
+) -> None:
+    """A database MLflow can open but not write: MLflow's store logs each failed write with its traceback
+    before raising; the replay's error is the only line, naming the cause, and the file is kept."""
+    db = tmp_path / "store" / "mlflow.db"
+    store = store_at(db)
+    _, run = new_run(store)
+    pending = held_file(tmp_path, monkeypatch, run_id=run)
+    before = pending.read_bytes()
+    undo = read_only(db)
+    if undo is None:
+        pytest.skip("this filesystem lets the test's user write any file")
+    try:
+        cases: list[Case] = [
+            ("read-only store", [*REPLAY, str(pending), "--tracking-uri", store], {},
+             ["did not take the calls", "OperationalError", "nothing was sent"]),
+        ]  # fmt: skip
+        assert_each_ends_in_one_line(cases, tmp_path)
+    finally:
+        undo()
+    assert pending.read_bytes() == before
