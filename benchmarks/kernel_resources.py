@@ -9,7 +9,7 @@ Compile table: for each size in conf/model/, kernel and cache dtype, the launch 
 --batch and --context is recorded on meta tensors (lightning_modules/model/launches.py) and compiled for the
 target with Triton's own ptxas (lightning_modules/kernels/aot.py), each distinct compile once, in a fresh
 Triton cache so compile times are real. Reported: dynamic shared memory against the device's limit,
-registers, local memory per thread (spills), warps, pipeline stages, compile seconds. It runs with
+registers, register spills and stack frame per thread (ptxas -v), warps, pipeline stages, compile seconds. It runs with
 TRITON_INTERPRET unset (an interpreting process cannot compile for a GPU): tests/kernels/test_aot.py runs
 this script as a child for that reason.
 
@@ -108,7 +108,8 @@ def compile_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "grid": list(launch.grid),
                             "shared": found.shared,
                             "registers": found.registers,
-                            "local": found.local,
+                            "spills": found.spills,
+                            "stack": found.stack,
                             "num_warps": found.num_warps,
                             "num_stages": found.num_stages,
                             "compile_s": round(found.compile_s, 2),
@@ -124,7 +125,7 @@ def markdown_row(row: dict[str, Any]) -> str:
     verdict = "; ".join(row["problems"]) or "fits"
     return (
         f"| {row['kernel']} | {row['size']} | {row['dtype']} | {row['shared']:,} | {row['registers']} | "
-        f"{row['local']} | {row['num_warps']} / {row['num_stages']} | {row['compile_s']:.1f} | {verdict} |"
+        f"{row['spills']} | {row['stack']} | {row['num_warps']} / {row['num_stages']} | {row['compile_s']:.1f} | {verdict} |"
     )
 
 
@@ -237,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{stamp}; triton {triton.__version__}; target {args.target}; batch {args.batch}, context {args.context}"
         )
         print(
-            "| kernel | size | dtype | shared B | registers | local B | warps / stages | compile s | verdict |"
+            "| kernel | size | dtype | shared B | registers | spills B | stack B | warps / stages | compile s | verdict |"
         )
-        print("|" + "---|" * 9)
+        print("|" + "---|" * 10)
     rows = compile_rows(args)
     if args.json:
         print(json.dumps({"triton": triton.__version__, "target": args.target, "rows": rows}))

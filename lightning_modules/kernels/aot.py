@@ -3,14 +3,14 @@ Needs triton (imported here at the top: this module is only imported where it is
 
 A kernel that passes Triton's interpreter can still fail to launch on an H100: the interpreter has no shared
 memory, registers or local memory. Triton compiles for a target it is told (GPUTarget("cuda", 90, 32)) with the
-ptxas and cuobjdump it ships, so the resources a launch needs are known on the CPU. `compile_launch` takes a
+ptxas it ships, so the resources a launch needs are known on the CPU. `compile_launch` takes a
 launch recorded by support.capture() from decode_step on `meta` tensors (the real shapes, strides and dtypes,
 no memory) and specialises its arguments as Triton's JIT does at a launch (integers equal to 1 become
 constants, pointers and multiples of 16 get divisibility hints), so what is compiled is what would run.
 
 Reported per compile: dynamic shared memory (Triton's launch refuses more than the device's opt-in limit),
-registers per thread, local memory per thread (register spills and stack; LOCAL + STACK in cuobjdump's words)
-and compile seconds. tests/kernels/test_aot.py asserts the limits at every conf/model/ shape;
+registers, register spills and stack frame per thread (ptxas -v on the kernel's PTX; a stack without spills is
+sin / cos's rarely taken large-argument path) and compile seconds. tests/kernels/test_aot.py asserts the limits at every conf/model/ shape;
 benchmarks/kernel_resources.py writes the table in BENCHMARKS.md.
 """
 
@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import triton
-from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
+from triton.backends.nvidia.compiler import CUDABackend, get_ptxas, sm_arch_from_capability
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
@@ -56,20 +55,23 @@ SM100 = Target("sm_100 (B200)", 100, 232_448)
 class Resources:
     shared: int  # dynamic shared memory, bytes
     registers: int  # per thread
-    local: int  # local memory per thread, bytes: spills and stack
+    spills: int  # bytes of register spill stores per thread (ptxas -v)
+    stack: (
+        int  # stack frame per thread, bytes: spills, and local arrays such as sin / cos's large-argument path
+    )
     num_warps: int
     num_stages: int
     compile_s: float
 
-    def problems(self, target: Target, max_local: int = 0) -> list[str]:
-        """What would stop (shared, registers) or slow (local memory over max_local) a launch on target."""
+    def problems(self, target: Target) -> list[str]:
+        """What would stop (shared memory, registers) or slow (register spills) a launch on target."""
         found = []
         if self.shared > target.max_shared:
             found.append(f"shared memory {self.shared:,} B > {target.max_shared:,} B")
         if self.registers > target.max_registers:
             found.append(f"{self.registers} registers > {target.max_registers}")
-        if self.local > max_local:
-            found.append(f"{self.local:,} B of local memory per thread (spills) > {max_local:,} B")
+        if self.spills:
+            found.append(f"{self.spills:,} B of register spills per thread")
         return found
 
 
@@ -115,11 +117,12 @@ def compile_launch(launch: Launch, target: Target) -> Resources:
         options=options,
     )
     seconds = time.perf_counter() - start
-    usage = _resource_usage(compiled.asm["cubin"], launch.fn.__name__)
+    usage = _ptxas_usage(compiled.asm["ptx"], target)
     return Resources(
         shared=int(compiled.metadata.shared),
-        registers=usage["REG"],
-        local=usage["LOCAL"] + usage["STACK"],
+        registers=usage["registers"],
+        spills=usage["spills"],
+        stack=usage["stack"],
         num_warps=int(compiled.metadata.num_warps),
         num_stages=int(compiled.metadata.num_stages),
         compile_s=seconds,
@@ -141,17 +144,33 @@ def compile_once(launch: Launch, target: Target, seen: dict[str, Resources]) -> 
     return seen[key]
 
 
-def _resource_usage(cubin: bytes, function: str) -> dict[str, int]:
-    """REG, STACK, SHARED, LOCAL of `function` in a cubin, from Triton's own cuobjdump."""
-
-    cuobjdump = knobs.nvidia.cuobjdump.path
+def _ptxas_usage(ptx: str, target: Target) -> dict[str, int]:
+    """Registers, stack frame and spill stores per thread, as Triton's own ptxas reports them (-v) when it
+    assembles the kernel's PTX for target (the same assembler and architecture triton.compile used)."""
+    arch = sm_arch_from_capability(target.arch)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        out = subprocess.run(
-            [cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True
-        ).stdout
-    match = re.search(rf"Function {re.escape(function)}:\s*\n\s*(.+)", out)
-    if match is None:
-        raise RuntimeError(f"cuobjdump reported no resource usage for {function}:\n{out}")
-    return {k: int(v) for k, v in re.findall(r"([A-Z]+):(\d+)", match.group(1))}
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run(
+            [
+                get_ptxas(target.arch).path,
+                "-v",
+                f"--gpu-name={arch}",
+                str(source),
+                "-o",
+                str(Path(tmp) / "k.cubin"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    log = done.stderr + done.stdout
+    found = {
+        "registers": re.search(r"Used (\d+) registers", log),
+        "stack": re.search(r"(\d+) bytes stack frame", log),
+        "spills": re.search(r"(\d+) bytes spill stores", log),
+    }
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise RuntimeError(f"ptxas -v reported no {missing}:\n{log}")
+    return {k: int(m.group(1)) for k, m in found.items() if m is not None}
