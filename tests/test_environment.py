@@ -25,6 +25,7 @@ def test_environment_yml_matches_pyproject() -> None:
     assert python == "python=" + project["requires-python"].removeprefix(">=")
 
 
-def test_cpu_torch_is_pinned_in_makefile() -> None:
-    """pyproject.toml gives torch a range (tests/core/test_private_api.py); make setup pins the CPU build."""
-    assert '"torch==2.13.0" -e ".[dev,triton]"' in (ROOT / "Makefile").read_text()
+def test_cpu_torch_and_triton_are_pinned_in_makefile() -> None:
+    """pyproject.toml gives torch and triton ranges (tests/core/test_private_api.py); make setup pins the CPU
+    torch build and the Triton whose interpreter and compiler the kernel tests use (tests/kernels/)."""
+    assert '"torch==2.13.0" "triton==3.9.0" -e ".[dev,triton]"' in (ROOT / "Makefile").read_text()
