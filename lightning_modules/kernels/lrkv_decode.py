@@ -29,7 +29,7 @@ BLOCK = 64  # cached positions per block
 PROGRAMS = 264  # about two programs per SM of an H100 / H200 (132 SMs)
 # Arguments that change as a generation grows: one compile serves every length.
 VARYING = ("length", "per_split")
-NUM_WARPS = 8
+NUM_WARPS = 4  # no spills on sm_90 or sm_100 (benchmarks/kernel_resources.py); 8 spilled at 6.3b on sm_100
 NUM_STAGES = 2  # loads of the next block in flight while this one computes; 3 buys nothing for a stream
 
 
