@@ -3,8 +3,12 @@ orthogonalises the matrices it owns, lightning_modules/optim/distributed.py) aga
 (every rank gathers and orthogonalises every matrix), same model, same gradients, same run.
 
     python benchmarks/muon_step.py [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
+    python benchmarks/muon_step.py --ddp [--size 20m] [--attention lrkv] [--world 2] [--steps 5] [--json]
     python benchmarks/muon_step.py --reference-loop [--size 20m] [--attention lrkv] [--threads 1] [--steps 5]
     python benchmarks/muon_step.py --adamw-paths [--size 20m] [--attention lrkv] [--optimizer adamw] [--steps 5]
+
+--ddp: the same on a replicated model (no sharding, as DDP holds it): Newton-Schulz split over the ranks
+and all-gathered (MuonAdamW replicated=True) against every rank orthogonalising every matrix.
 
 --reference-loop: one process, no FSDP: Newton-Schulz batched over equal-shaped matrices (the default,
 lightning_modules/optim/muon.py) against the per-matrix reference loop (batched_newton_schulz=False), same
@@ -62,14 +66,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     torch.manual_seed(0)
     config, _ = costs.load_configs([costs.fragment("model", args.size)])
     model = Transformer(config, AttentionConfig(kind=args.attention))
-    parallelize(model, ParallelConfig(), mesh, param_dtype=None)
+    if not args.ddp:
+        parallelize(model, ParallelConfig(), mesh, param_dtype=None)
     g = torch.Generator().manual_seed(1)
     grads = {}
     for name, p in model.named_parameters():
-        grads[name] = distribute_tensor(torch.randn(p.shape, generator=g) * 1e-3, p.device_mesh, p.placements)
+        grad = torch.randn(p.shape, generator=g) * 1e-3  # the same on every rank, as after DDP's all-reduce
+        grads[name] = grad if args.ddp else distribute_tensor(grad, p.device_mesh, p.placements)
     result = {}
     for label, distribute in (("earlier", False), ("split", True)):
-        opt = build_optimizer(model, OptimizerConfig(name="muon", lr=0.02))
+        opt = build_optimizer(model, OptimizerConfig(name="muon", lr=0.02), replicated=args.ddp)
         opt.distribute_newton_schulz = distribute
         times = []
         for step in range(WARMUP + args.steps):
@@ -230,6 +236,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reference-loop", action="store_true", help="one process: batched vs loop")
+    parser.add_argument("--ddp", action="store_true", help="a replicated model (DDP) instead of FSDP shards")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (--reference-loop, --adamw-paths)"
     )
@@ -288,7 +295,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{args.size} {args.attention}, {result['params'] / 1e6:.1f}M parameters, {args.world} gloo ranks")
+    how = "DDP (replicated)" if args.ddp else "FSDP"
+    print(
+        f"{args.size} {args.attention}, {result['params'] / 1e6:.1f}M parameters, {args.world} gloo ranks, {how}"
+    )
     for label in ("earlier", "split"):
         r = result[label]
         gflops = ", ".join(f"{f:.2f}" for f in r["ns_gflops_per_rank"])

@@ -18,6 +18,12 @@ hybrid mesh), so each rank holds some rows of every matrix. One step here is:
 So a sharded step equals the single-process step bitwise (tests/optim/test_fsdp_muon.py), Newton-Schulz FLOPs
 per rank are about 1/world of the total, and the transient buffers of a step are this rank's rows of the
 group (its shard, already the size of its momentum) plus the matrices it owns, never the whole model.
+
+Under DDP every rank holds every parameter whole, with the same gradients, so there is nothing to gather:
+ReplicatedPlan gives each rank its matrices by the same assignment, and one all-gather of the bf16 results
+hands every rank all of them (tests/optim/test_ddp_muon.py: the step equals one process's, bitwise). The
+transient buffers are then about 2 + 1/world times the Muon parameters in bf16 (the all-gather's input and
+output, and the updates assembled from it).
 """
 
 from __future__ import annotations
@@ -244,6 +250,54 @@ class Plan:
                 ].view(hi - lo, -1)
                 cursor[m.owner] += n
         return out
+
+
+class ReplicatedPlan:
+    """Who owns which matrix when every rank holds every parameter whole, with the same gradients (DDP, after
+    its gradient all-reduce): each rank orthogonalises the matrices it owns (assigned as under FSDP, largest
+    Newton-Schulz FLOPs first to the least loaded rank) and one all-gather of the bf16 results gives every
+    rank every matrix. Every rank then applies the same bits, so the replicas stay equal."""
+
+    def __init__(
+        self, shapes: Sequence[torch.Size], blocks: Sequence[tuple[int, ...] | None], ns_steps: int
+    ) -> None:
+        self.group = dist.group.WORLD
+        self.world = dist.get_world_size(self.group)
+        self.me = dist.get_rank(self.group)
+        units = split_matrices(shapes, blocks)
+        flops = [ns_flops(shape, ns_steps) for *_, shape in units]
+        owners = assign(flops, self.world)
+        self.matrices = [
+            Matrix(p, a, b, shape, f, o) for (p, a, b, shape), f, o in zip(units, flops, owners, strict=True)
+        ]
+        self.owned = [m for m in self.matrices if m.owner == self.me]  # in parameter, then row order
+        self.flops_per_rank = [sum(m.flops for m in self.matrices if m.owner == r) for r in range(self.world)]
+        self.elements = [
+            sum(m.shape.numel() for m in self.matrices if m.owner == r) for r in range(self.world)
+        ]
+
+    def gather(self, results: Sequence[Tensor], like: Sequence[Tensor]) -> tuple[list[Tensor], int]:
+        """results: the owned matrices orthogonalised (bf16), in `owned` order; like: the parameters. Returns
+        every parameter's orthogonalised update (bf16, its shape), and the bytes of the transient buffers.
+        Each rank's results travel in one slot of the longest rank's length (the balance by FLOPs keeps the
+        padding small)."""
+        device = like[0].device
+        slot = max(self.elements)
+        send = torch.zeros(slot, dtype=torch.bfloat16, device=device)
+        if results:
+            send[: self.elements[self.me]].copy_(torch.cat([r.reshape(-1) for r in results]))
+        recv = send.new_empty(self.world * slot)
+        dist.all_gather(list(recv.chunk(self.world)), send, group=self.group)
+        out = [torch.empty((t.shape[0], t[0].numel()), dtype=torch.bfloat16, device=device) for t in like]
+        cursor = [r * slot for r in range(self.world)]
+        for m in self.matrices:  # each owner's slot holds its matrices in `owned` order
+            n = m.shape.numel()
+            out[m.param][m.start : m.stop] = recv[cursor[m.owner] : cursor[m.owner] + n].view(
+                m.stop - m.start, -1
+            )
+            cursor[m.owner] += n
+        transient = sum(b.numel() * b.element_size() for b in [send, recv, *out])
+        return [o.view(t.shape) for o, t in zip(out, like, strict=True)], transient
 
 
 def _coordinates(mesh: DeviceMesh) -> list[tuple[tuple[int, ...], int]]:

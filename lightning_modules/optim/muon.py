@@ -21,7 +21,8 @@ DTensor) is a different update, about 13 % off the unsharded one on 2 ranks. Her
 orthogonalised whole, and each rank applies the rows of the result that it owns; momentum, weight decay
 and AdamW stay elementwise on the local shards. The matrices are split over the ranks (lightning_modules/optim/distributed.py): each rank
 gathers and orthogonalises only the matrices it owns, and the results come back to the ranks holding their
-rows, so Newton-Schulz costs each rank about 1/world of the total. `distribute_newton_schulz=False` keeps
+rows, so Newton-Schulz costs each rank about 1/world of the total; under DDP (`replicated=True`) each rank
+orthogonalises its share and the results are all-gathered. `distribute_newton_schulz=False` keeps
 the earlier path (every rank gathers and orthogonalises every matrix; benchmarks/muon_step.py compares the
 two). tests/optim/test_fsdp_muon.py shows the sharded step equals the unsharded one, bitwise, on both paths.
 `ns_flops` counts the Newton-Schulz FLOPs this rank has run.
@@ -37,9 +38,10 @@ Newton-Schulz calls this rank has made.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -47,7 +49,7 @@ from torch.optim import Optimizer
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _adjust_lr, _zeropower_via_newtonschulz
 from torch.optim.adamw import adamw
 
-from lightning_modules.optim.distributed import Plan, mesh_key, ns_flops
+from lightning_modules.optim.distributed import Plan, ReplicatedPlan, mesh_key, ns_flops
 
 ADAMW_PATHS = ("fused", "foreach", "single")  # MuonAdamW's adamw_path
 
@@ -193,6 +195,7 @@ class MuonAdamW(Optimizer):
         batched_newton_schulz: bool = True,
         ns_batch_elements: int = 2**24,
         adamw_path: str = "fused",
+        replicated: bool = False,
     ) -> None:
         """Every param group says `use_muon` (True: Muon; False: AdamW with betas, adam_eps).
         distribute_newton_schulz: under FSDP, each rank orthogonalises only its share of the matrices
@@ -203,7 +206,10 @@ class MuonAdamW(Optimizer):
         adamw_path: how torch's AdamW steps the AdamW groups. "fused" (the default, CPU and CUDA): one kernel
         for all of a group's tensors, no temporaries; "foreach": about 9 operations per group, each over all
         its tensors, with one temporary the group's size; "single": one tensor at a time (the reference the
-        others are tested against, tests/optim/test_muon.py)."""
+        others are tested against, tests/optim/test_muon.py).
+        replicated: every rank of the default process group holds the same parameters and gradients (DDP);
+        with distribute_newton_schulz, each rank then orthogonalises only its share of the plain (not DTensor)
+        Muon matrices and the results are all-gathered (lightning_modules/optim/distributed.py)."""
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -225,6 +231,8 @@ class MuonAdamW(Optimizer):
         if adamw_path not in ADAMW_PATHS:
             raise ValueError(f"adamw_path={adamw_path!r}: one of {', '.join(ADAMW_PATHS)}")
         self.adamw_path = adamw_path
+        self.replicated = replicated
+        self._replicated_plans: dict[tuple, ReplicatedPlan] = {}
         self.ns_flops = 0  # Newton-Schulz FLOPs run on this rank so far
         self.ns_calls = 0  # Newton-Schulz calls made on this rank so far (a batched call counts once)
         self.transient_bytes = 0  # largest transient buffers of one distributed exchange so far
@@ -295,7 +303,10 @@ class MuonAdamW(Optimizer):
             self.transient_bytes = max(self.transient_bytes, transient)
             for j, (p, result) in enumerate(zip(ps, results, strict=True)):
                 done[p] = (result, plan.rows[j][plan.me][0])
-        # one process, DDP, or the earlier FSDP path: every matrix here, whole
+        whole = [p for p in params if p not in done and not isinstance(p, DTensor)]
+        if whole and self._split_replicated():  # DDP: each rank orthogonalises its share of the matrices
+            done.update(self._replicated_updates(whole, nesterov, ns, steps, eps))
+        # one process, or the earlier FSDP path: every matrix here, whole
         rest = [p for p in params if p not in done]
         fulls = (full_tensor(nesterov(p)) for p in rest)  # lazily: one full fp32 update alive at a time
         updates: Iterable[Tensor]
@@ -318,6 +329,52 @@ class MuonAdamW(Optimizer):
         for p, (update, offset) in done.items():
             p.mul_(1 - lr * group["weight_decay"])
             self._apply(p, update, offset, lr, group["adjust_lr_fn"])
+
+    def _split_replicated(self) -> bool:
+        return (
+            self.replicated
+            and self.distribute_newton_schulz
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        )
+
+    def _replicated_updates(
+        self,
+        params: list[Tensor],
+        nesterov: Callable[[Tensor], Tensor],
+        ns: tuple[float, float, float],
+        steps: int,
+        eps: float,
+    ) -> dict[Tensor, tuple[Tensor, int]]:
+        """Under DDP: this rank's matrices orthogonalised, every rank's gathered (ReplicatedPlan); p: (its
+        whole orthogonalised update, 0)."""
+        key = ("replicated", steps, *(id(p) for p in params))
+        if key not in self._replicated_plans:
+            shapes, blocks = [p.shape for p in params], [self.blocks.get(p) for p in params]
+            self._replicated_plans[key] = ReplicatedPlan(shapes, blocks, steps)
+        plan = self._replicated_plans[key]
+        mine: dict[int, list] = {}
+        for m in plan.owned:
+            mine.setdefault(m.param, []).append(m)
+
+        def owned() -> Iterator[Tensor]:  # lazily: one parameter's fp32 update alive at a time
+            for i, ms in mine.items():
+                update = nesterov(params[i]).reshape(params[i].shape[0], -1)  # a 3-D stack: one row a matrix
+                yield from (update[m.start : m.stop].view(m.shape) for m in ms)
+
+        results: list[Tensor]
+        if self.batched_newton_schulz:
+            specs = [(m.shape, None, params[m.param].device) for m in plan.owned]
+            results, calls = orthogonalise_batched(specs, owned(), ns, steps, eps, self.ns_batch_elements)
+            self.ns_calls += calls
+        else:
+            results = [_zeropower_via_newtonschulz(m, ns, steps, eps) for m in owned()]
+            self.ns_calls += len(results)
+        updates, transient = plan.gather(results, params)
+        self.ns_flops += plan.flops_per_rank[plan.me]
+        self.transient_bytes = max(self.transient_bytes, transient)
+        return {p: (u, 0) for p, u in zip(params, updates, strict=True)}
 
     def _orthogonaliser(
         self, ns: tuple[float, float, float], steps: int, eps: float

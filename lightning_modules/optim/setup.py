@@ -93,9 +93,12 @@ def param_groups(
     return groups, blocks
 
 
-def build_optimizer(model: Transformer, config: OptimizerConfig) -> MuonAdamW:
+def build_optimizer(model: Transformer, config: OptimizerConfig, replicated: bool = False) -> MuonAdamW:
+    """replicated: every rank holds the whole model (DDP), so Muon splits Newton-Schulz over the ranks."""
     groups, blocks = param_groups(model, config)
-    return MuonAdamW(groups, momentum=config.momentum, betas=config.betas, blocks=blocks)
+    return MuonAdamW(
+        groups, momentum=config.momentum, betas=config.betas, blocks=blocks, replicated=replicated
+    )
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -286,7 +287,10 @@ class LanguageModel(L.LightningModule):
 
     # ----- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.optim_config)
+        # Under DDP every rank holds the whole model, so Muon splits Newton-Schulz over the ranks
+        # (lightning_modules/optim/distributed.py); FSDP's DTensors are split by their own plan.
+        replicated = isinstance(self.trainer.strategy, DDPStrategy) and self.trainer.world_size > 1
+        optimizer = build_optimizer(self.model, self.optim_config, replicated=replicated)
         schedule = build_schedule(optimizer, self.optim_config, self.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

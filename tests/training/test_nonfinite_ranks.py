@@ -123,6 +123,7 @@ def test_a_nan_on_rank_1_alone_stops_both_ddp_ranks_at_its_step(
         "--trainer.devices", "2",
         "--trainer.strategy", "ddp",
         "--trainer.precision", "32-true",
+        "--model.optimizer.name", "muon",  # Newton-Schulz split over the DDP ranks on the way
         "--trainer.max_steps", "8",
         "--trainer.limit_val_batches", "0",
         "--trainer.log_every_n_steps", "1",

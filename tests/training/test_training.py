@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.costs import counts as costs
+from lightning_modules.optim.setup import OptimizerConfig
 from lightning_modules.tracking.store import TrackingUnreachableError
-from lightning_modules.training.language_model import NonFiniteLossError
+from lightning_modules.training.language_model import LanguageModel, NonFiniteLossError
 from main import main
 from tests.conftest import TINY_SEQ_LEN
-from tests.helpers import KINDS
+from tests.helpers import KINDS, attn, tiny_model
 from tests.training.helpers import BATCH, args, losses, only_run
 
 BUDGET_FLOPS = 6e9  # about five steps of nano at 4 x 32 tokens
@@ -159,3 +162,16 @@ def test_no_training_length_is_an_error(tiny_shards: Path, mlflow_uri: str) -> N
         ConfigError, match=r"trainer\.max_steps or model\.budget must set the training length"
     ):
         main(args("fit", tiny_shards, "mha", "--trainer.max_steps", "-1"))
+
+
+def test_ddp_fits_split_newton_schulz_over_their_ranks() -> None:
+    """configure_optimizers asks Muon for the DDP split (lightning_modules/optim/distributed.py) only where
+    every rank holds the whole model: DDP with several ranks; not one device, not FSDP's DTensors."""
+    module = LanguageModel(tiny_model(), attn("lrkv"), OptimizerConfig(name="muon"))
+    for strategy, world, replicated in (
+        (DDPStrategy(), 2, True),
+        (DDPStrategy(), 1, False),
+        (SingleDeviceStrategy(torch.device("cpu")), 1, False),
+    ):
+        module._trainer = SimpleNamespace(strategy=strategy, world_size=world, max_steps=10)  # type: ignore[assignment]
+        assert module.configure_optimizers()["optimizer"].replicated is replicated, (strategy, world)
