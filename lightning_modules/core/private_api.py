@@ -60,6 +60,18 @@ APIS: dict[str, Api] = {
             "_scaled_dot_product_attention_math",
         )
     },
+    **{
+        f"torch.ops.aten.{op}": Api("lightning_modules/costs/step_time.py")
+        for op in (
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention_backward",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_cudnn_attention_backward",
+        )
+    },
+    "torch._ops.OpOverload._overloadpacket": Api("lightning_modules/costs/step_time.py", "instance"),
+    "torch.utils._python_dispatch.TorchDispatchMode": Api("lightning_modules/costs/step_time.py"),
+    "torch.utils._pytree.tree_flatten": Api("lightning_modules/costs/step_time.py"),
     "torch.serialization._get_layout": _DCP,
     "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING": _DCP,
     "torch.distributed.checkpoint._traverse.set_element": _DCP,
@@ -101,6 +113,9 @@ APIS: dict[str, Api] = {
     },
     "lightning.pytorch.strategies.ModelParallelStrategy": Api("lightning_modules/distributed/strategy.py"),
     "lightning.pytorch.strategies.ModelParallelStrategy._data_parallel_size": Api(
+        "lightning_modules/distributed/strategy.py", "instance"
+    ),
+    "lightning.pytorch.strategies.ModelParallelStrategy._save_distributed_checkpoint": Api(
         "lightning_modules/distributed/strategy.py", "instance"
     ),
 }

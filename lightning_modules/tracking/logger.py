@@ -102,6 +102,11 @@ class BufferedMLFlowLogger(MLFlowLogger):
         self._stopped_by: str | None = None
 
     @property
+    def tracking_uri(self) -> str:
+        """The store this logger writes to (lightning_modules/training/system_metrics.py monitors into it)."""
+        return str(self._tracking_uri)
+
+    @property
     @rank_zero_experiment
     def experiment(self) -> MlflowClient:
         if not self._initialized:

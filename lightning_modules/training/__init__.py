@@ -6,5 +6,6 @@
 - host_sync.py         which steps read device values back; the non-finite loss watch
 - language_model.py    the LightningModule: loss, metrics, optimisers, compute accounting, the budget
 - signals.py           SIGTERM, Ctrl-C, SIGUSR1: save the step, end the run KILLED, exit 128 + the signal
+- system_metrics.py    MLflow's system-metrics monitor for a fit's run; the fullest rank's peak CUDA memory
 - throughput.py        tokens per second and model FLOPs utilisation over windows of steps (the peak table)
 """
