@@ -1,4 +1,4 @@
-"""Train every attention under one budget, test each, print the comparison (the demo's main job).
+"""Train the paper's attentions (or those named) under one budget, test each, print the comparison (the demo).
 
     python -m lightning_modules compare                                   # nano, seed 7, conf/budget/demo.yaml
     python -m lightning_modules compare --sizes nano 20m --seeds 1 2 3    # several seeds and sizes
@@ -15,7 +15,7 @@ import sys
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.core.fragments import fragment
-from lightning_modules.model.attention import names
+from lightning_modules.model.attention import names, paper_names
 from lightning_modules.study.comparison import format_rows, run_one
 from lightning_modules.tracking.store import tracking_uri
 from lightning_modules.tracking.ui import ui_url
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m lightning_modules compare", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--sizes", nargs="+", default=["nano"])
-    parser.add_argument("--attentions", nargs="+", default=list(names()), choices=names())
+    # The reference paper's arms by default (the demo's set and time); name others, or all, with --attentions.
+    parser.add_argument("--attentions", nargs="+", default=list(paper_names()), choices=names())
     parser.add_argument("--seeds", nargs="+", type=int, default=[7])
     parser.add_argument("--data", default=str(fragment("data", "shakespeare")), help="data fragment")
     parser.add_argument("--budget", default=str(fragment("budget", "demo")), help="budget fragment")

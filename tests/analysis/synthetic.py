@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param
 
 from lightning_modules.analysis.tidy import COST_COLUMNS
 from lightning_modules.costs import counts as costs
-from lightning_modules.model.attention import AttentionConfig, names, resolve_attention
+from lightning_modules.model.attention import AttentionConfig, paper_names, resolve_attention
 from lightning_modules.tracking import runs
 
 EXPERIMENT = "lrkv-lab"
@@ -53,7 +53,7 @@ class RunSpec:
 def specs() -> list[RunSpec]:
     out = []
     for size in SIZES:
-        for kind in names():
+        for kind in paper_names():  # the reference paper's arms: OFFSET and SEED_SCALE are theirs
             model, attention = _configs(size, kind, {})
             label = attention.label()
             for seed in SEEDS:

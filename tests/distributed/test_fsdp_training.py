@@ -25,7 +25,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.checkpoint.consolidation import consolidate
+from lightning_modules.core.fragments import fragment
 from lightning_modules.generation.checkpoint import load_model
+from lightning_modules.model.attention import load_configs, resolve
 from main import main
 from tests.fsdp_driver import STEPS, STOP
 from tests.helpers import KINDS
@@ -66,12 +68,23 @@ def store(tmp_path_factory: pytest.TempPathFactory, store_at: Callable[[Path], s
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(tiny_shards: Path, store: tuple[Path, str]) -> Path:
-    """Every attention under conf/strategy/fsdp.yaml, 2 processes started by Lightning's own launcher."""
+def fsdp_runs(request: pytest.FixtureRequest, tiny_shards: Path, store: tuple[Path, str]) -> Path:
+    """Every selected attention under conf/strategy/fsdp.yaml, 2 processes started by Lightning's own launcher:
+    the kinds of the selected test_fsdp_fit_checkpoint_resume cases (`-k <kind>` runs one), and mha and lrkv,
+    whose runs the other tests here read."""
     work, uri = store
     out = work / "fsdp"
+    selected = {
+        item.callspec.params["kind"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_fsdp_fit_checkpoint_resume"
+    }
+    kinds = tuple(k for k in KINDS if k in selected or k in ("mha", "lrkv"))
     strategy = ["--config", str(ROOT / "conf/strategy/fsdp.yaml"), "--trainer.devices", "2"]
-    launch([[sys.executable, *driver(tiny_shards, out, KINDS), *strategy]], work, uri, timeout=900)  # 20 fits
+    # 4 fits per kind, each well under 45 s
+    launch(
+        [[sys.executable, *driver(tiny_shards, out, kinds), *strategy]], work, uri, timeout=180 * len(kinds)
+    )
     return out
 
 
@@ -121,8 +134,11 @@ def test_fsdp_fit_checkpoint_resume(kind: str, fsdp_runs: Path, store: tuple[Pat
     assert meta["compute"]["tokens_seen"] == STOP * 2 * 4 * 32
     assert meta["hyper_parameters"]["parallel"]["sharding"] == "full"
     tags = MlflowClient(uri).get_run(rank0["run_ids"]["straight"]).data.tags
-    # CPU: flash-attn cannot run; SDPA's CPU flash kernel takes equal head dims, MLA's unequal ones take math
-    assert tags["attention_kernel"] == ("sdpa:math" if kind == "mla" else "sdpa:flash")
+    # CPU: flash-attn cannot run; SDPA's CPU flash kernel takes equal head dims, unequal ones (mla's) take math
+    model, attention = load_configs([fragment("model", "nano"), fragment("attention", kind)])
+    resolved = resolve(model, attention)
+    d_qk, d_v = resolved.variant.score_dims(model, resolved.knobs)
+    assert tags["attention_kernel"] == ("sdpa:flash" if d_qk == d_v else "sdpa:math")
 
 
 def records(path: Path) -> dict[int, dict]:

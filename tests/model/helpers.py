@@ -9,8 +9,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lightning_modules.model.attention import AttentionConfig
-from lightning_modules.model.layers import RMSNorm
+from lightning_modules.model.attention import AttentionConfig, resolve
+from lightning_modules.model.attention.base import Attention
+from lightning_modules.model.config import ModelConfig
+from lightning_modules.model.layers import RMSNorm, RotaryEmbedding
 from lightning_modules.model.transformer import Transformer
 from tests.helpers import attn, tiny_model
 
@@ -94,3 +96,56 @@ def make_checkpoint(tmp_path: Path, kind: str = "lrkv") -> tuple[Path, Path]:
     path = tmp_path / "last.ckpt"
     torch.save(ckpt, path)
     return path, data_dir
+
+
+# ----- float64 checks of one variant against a reference written from its paper ---------------------------
+def variant_size(n_head: int, head_dim: int, seq_len: int = 24, **overrides: object) -> ModelConfig:
+    """A one-layer size of n_head heads of head_dim, for references at several shapes."""
+    fields: dict[str, object] = dict(
+        name="ref", vocab_size=128, seq_len=seq_len, n_layer=1, n_head=n_head,
+        d_model=n_head * head_dim, head_dim=head_dim,
+    )  # fmt: skip
+    fields.update(overrides)
+    return ModelConfig(**fields)  # type: ignore[arg-type]
+
+
+def float64_layer(kind: str, model: ModelConfig, seed: int = 0, **knobs: object) -> Attention:
+    """One attention layer in float64 with weights of std 0.3 and random norm gains, so every weight matters."""
+    resolved = resolve(model, attn(kind, **knobs))
+    torch.manual_seed(seed)
+    module = resolved.variant(model, resolved.knobs).double()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.3)
+    return module
+
+
+def exact_rope(dim: int, length: int) -> RotaryEmbedding:
+    """RoPE with float64 tables computed as tests/helpers.py rope_reference computes them (the module's own
+    tables are fp32: 1e-7 off, too coarse for a 1e-10 comparison)."""
+    rope = RotaryEmbedding(dim, length).double()
+    angle = torch.arange(length, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(dim // 2, dtype=torch.float64) * 2 / dim
+    )
+    rope.cos, rope.sin = angle.cos(), angle.sin()
+    rope.basis = torch.cat([rope.cos, rope.sin], dim=-1)
+    return rope
+
+
+@torch.no_grad()
+def float64_decode_diff(kind: str, chunks: list[int], length: int = 40, **knobs: object) -> float:
+    """max |cached decode - full forward| over `length` tokens of a float64 tiny decoder whose seq_len is 24,
+    so the generation runs past it: prefill in `chunks`, then single steps."""
+    torch.manual_seed(0)
+    net = Transformer(tiny_model(seq_len=24, init_std=0.1), attn(kind, **knobs)).eval().double()
+    for module in net.modules():
+        if isinstance(module, RMSNorm):
+            module.weight.uniform_(0.5, 1.5)
+    net.rope = exact_rope(net.rope.dim, length)
+    toks = tokens(length=length)
+    full = net(toks)
+    assert full.std() > 0.3
+    return (decode_all(net, toks, chunks) - full).abs().max().item()

@@ -129,18 +129,20 @@ def test_fp32_under_bf16_autocast_runs_flash_in_bf16(flash: FakeFlash) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_variant_dispatches_through_attend(flash: FakeFlash, kind: str) -> None:
-    """Under bf16 autocast, as in training: mha, mqa, gqa and lrkv run flash-attn with their own number of
-    K/V heads; mla (q/k head dim d_h + d_R, v head dim d_h) runs SDPA. Same logits either way."""
+    """Under bf16 autocast, as in training: a variant whose q/k and v head dims are equal (mha, mqa, gqa, lrkv,
+    gta) runs flash-attn with its own number of K/V heads; mla (q/k head dim d_h + d_R, v head dim d_h) runs
+    SDPA. Same logits either way."""
     model = Transformer(tiny_model(), attn(kind))
+    d_qk, d_v = model.resolved.variant.score_dims(model.config, model.resolved.knobs)
     tokens = torch.randint(0, 128, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(tokens)
-        assert kernel.last_kernel == ("sdpa:math" if kind == "mla" else "flash_attn")
+        assert kernel.last_kernel == ("flash_attn" if d_qk == d_v else "sdpa:math")
         kernel.flash_attn_func = None  # the same model through SDPA
         reference = model(tokens)
     torch.testing.assert_close(logits, reference)
-    kv_heads = {"mha": 4, "lrkv": 4, "gqa": 2, "mqa": 1}
-    if kind == "mla":
+    kv_heads = {"mha": 4, "lrkv": 4, "gqa": 2, "mqa": 1, "gta": 2}  # tiny_model's defaults
+    if d_qk != d_v:
         assert not flash.calls
     else:
         assert len(flash.calls) == 2  # one per layer

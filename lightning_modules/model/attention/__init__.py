@@ -5,6 +5,7 @@ registry (attention/registry.py).
 - base.py         the interface every attention variant implements
 - cache.py        the decode cache of one attention layer
 - gqa.py          multi-head, grouped-query and multi-query attention
+- gta.py          grouped-tied attention (GTA): one tied key-value state per group and a shared RoPE key
 - kernel.py       the one place that chooses the attention kernel (docs/attentions.md)
 - knobs.py        how a variant declares its knobs
 - lrkv.py         low-rank key-value attention (LRKV): shared keys and values plus per-head low-rank residuals
@@ -19,6 +20,7 @@ from lightning_modules.model.attention.gqa import (
     MultiHeadAttention,
     MultiQueryAttention,
 )
+from lightning_modules.model.attention.gta import GroupedTiedAttention
 from lightning_modules.model.attention.lrkv import LowRankKVAttention
 from lightning_modules.model.attention.mla import MultiHeadLatentAttention
 from lightning_modules.model.attention.registry import (
@@ -30,17 +32,20 @@ from lightning_modules.model.attention.registry import (
     knob_values,
     load_configs,
     names,
+    paper_names,
     register,
     resolve,
     resolve_attention,
     unregister,
 )
 
-register("mha", MultiHeadAttention)
-register("mqa", MultiQueryAttention)
-register("gqa", GroupedQueryAttention)
-register("mla", MultiHeadLatentAttention)
-register("lrkv", LowRankKVAttention)
+register("mha", MultiHeadAttention, paper=True)
+register("mqa", MultiQueryAttention, paper=True)
+register("gqa", GroupedQueryAttention, paper=True)
+register("mla", MultiHeadLatentAttention, paper=True)
+register("lrkv", LowRankKVAttention, paper=True)
+# Later variants, compared with the paper's arms at equal KV-cache bytes (docs/attentions.md)
+register("gta", GroupedTiedAttention)
 
 __all__ = [
     "REGISTRY",
@@ -53,6 +58,7 @@ __all__ = [
     "knob_values",
     "load_configs",
     "names",
+    "paper_names",
     "register",
     "resolve",
     "resolve_attention",

@@ -25,6 +25,9 @@ from lightning_modules.model.attention.knobs import KnobSpec, specs
 from lightning_modules.model.config import ModelConfig, load_model_config
 
 REGISTRY: dict[str, type[Attention]] = {}
+# The registered kinds that are arms of the reference paper (arXiv 2601.11471): the demo trains these by default
+# and the later variants only when asked (lightning_modules/commands/compare.py).
+PAPER_ARMS: set[str] = set()
 
 
 @dataclass
@@ -64,6 +67,11 @@ def names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
+def paper_names() -> tuple[str, ...]:
+    """The registered attentions that the reference paper compares, in registration order."""
+    return tuple(n for n in REGISTRY if n in PAPER_ARMS)
+
+
 def knob_specs() -> dict[str, KnobSpec]:
     """Every knob of every registered variant, by name, in registration order."""
     out: dict[str, KnobSpec] = {}
@@ -78,9 +86,9 @@ def knob_values(config: AttentionConfig) -> dict[str, Any]:
     return {s.name: getattr(config, s.name, None) for s in specs(REGISTRY[config.kind].Knobs)}
 
 
-def register(name: str, cls: type[Attention]) -> None:
+def register(name: str, cls: type[Attention], *, paper: bool = False) -> None:
     """Add a variant; its knobs become fields of AttentionConfig. A knob name two variants share must have
-    one type and one meaning."""
+    one type and one meaning. `paper`: one of the reference paper's arms (`paper_names`)."""
     if name in REGISTRY:
         raise ValueError(f"attention {name!r} is already registered ({REGISTRY[name].__name__})")
     known = knob_specs()
@@ -91,6 +99,8 @@ def register(name: str, cls: type[Attention]) -> None:
         ):
             raise TypeError(f"knob {spec.name!r} of {cls.__name__} conflicts with {known[spec.name]}")
     REGISTRY[name] = cls
+    if paper:
+        PAPER_ARMS.add(name)
     if REGISTERED_AS not in cls.__dict__:  # a class registered twice keeps its first name
         setattr(cls, REGISTERED_AS, name)
     _rebuild_config()
@@ -98,6 +108,7 @@ def register(name: str, cls: type[Attention]) -> None:
 
 def unregister(name: str) -> None:
     cls = REGISTRY.pop(name)
+    PAPER_ARMS.discard(name)
     if cls.__dict__.get(REGISTERED_AS) == name:
         delattr(cls, REGISTERED_AS)
     _rebuild_config()
