@@ -11,16 +11,18 @@
   `{size}-{label}-seed{seed}` and its tags; the store is checked before the first step;
 - a fit stopped by SIGTERM, Ctrl-C or SIGUSR1 saves its step, ends its MLflow run KILLED and exits non-zero
   (lightning_modules/training/signals.py adds its callback to every fit);
-- checkpoints go to checkpoints/<run name>-<time>-<random suffix> unless a dirpath is given (runs started in
-  the same second never share a folder); a run resumed or evaluated from a checkpoint continues the MLflow
-  run that wrote it; MLflow calls held through an outage are saved beside the checkpoints
-  (lightning_modules/tracking/logger.py).
+- checkpoints go to <trainer.default_root_dir, else the working directory>/checkpoints/<run name>-<time>-<random
+  suffix> unless a dirpath is given (runs started in the same second never share a folder); a run resumed or
+  evaluated from a checkpoint continues the MLflow run that wrote it; MLflow calls held through an outage are
+  saved beside the checkpoints (lightning_modules/tracking/logger.py);
+- `fit --ckpt_path auto` resumes from the newest readable checkpoint of the run's folders (found by the run's
+  name, lightning_modules/checkpoint/newest.py) and goes on writing there, or starts fresh where there is none,
+  saying which in one line: a requeued SLURM job reruns its command unchanged (scripts/slurm/train.sbatch).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import sys
 import tempfile
 import time
@@ -38,7 +40,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from data.datamodule import ShardDataModule
 from data.manifest import Manifest
 from lightning_modules.checkpoint.local_io import AtomicCheckpointIO
-from lightning_modules.checkpoint.reader import is_special, read_checkpoint
+from lightning_modules.checkpoint.newest import newest_of_run, newest_readable, run_folder
+from lightning_modules.checkpoint.reader import EARLIER, is_special, read_checkpoint
 from lightning_modules.checkpoint.resume_policy import reconcile
 from lightning_modules.core import precision
 from lightning_modules.core.errors import ConfigError, UserError
@@ -70,6 +73,27 @@ def _model_defaults() -> dict[str, Any]:
     classes = {"arch": ModelConfig, "attention": AttentionConfig, "optimizer": OptimizerConfig}
     classes.update(budget=Budget, parallel=ParallelConfig)
     return {key: dataclasses.asdict(cls()) for key, cls in classes.items()}
+
+
+AUTO = "auto"  # --ckpt_path auto: the run's newest readable checkpoint, or a fresh run
+
+
+def checkpoint_root(cfg: Namespace) -> Path:
+    """Where run folders go: <trainer.default_root_dir>/checkpoints, else ./checkpoints (relative, as before the
+    setting was read, so a run's checkpoint paths stay those its messages have always named)."""
+    root = cfg.trainer.get("default_root_dir")
+    return Path(root) / "checkpoints" if root else Path("checkpoints")
+
+
+def _checkpoint_dirpath(cfg: Namespace) -> Path | None:
+    """The dirpath given to a ModelCheckpoint callback of the config, if any (the last one: a callback a user
+    adds with --trainer.callbacks+= comes after conf/base.yaml's)."""
+    given = None
+    for callback in cfg.trainer.get("callbacks") or []:
+        args = _init_args(callback)
+        if args is not None and callback.class_path.endswith("ModelCheckpoint") and args.get("dirpath"):
+            given = Path(args.dirpath)
+    return given
 
 
 def check_yaml_files(args: list[str]) -> None:
@@ -166,8 +190,12 @@ class LanguageModelCLI(LightningCLI):
         and lightning_modules/checkpoint/resume_policy.py decides what is refused and what is applied."""
         self._checkpoint: dict[str, Any] | None = None
         self._resume_applied: list[str] = []
+        self._run_folder: Path | None = None
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path == AUTO:
+            path = self._resolve_auto(subcommand)
+            self.config[subcommand].ckpt_path = path
         if not path or is_special(path):
             return
         self._checkpoint = read_checkpoint(path)
@@ -177,6 +205,38 @@ class LanguageModelCLI(LightningCLI):
         self.config = self.parser.parse_object({subcommand: {"model": merged}}, self.config)
         if self._resume_applied and rank_zero_only.rank == 0:
             print(f"resume: applied {'; '.join(self._resume_applied)}", file=sys.stderr)
+
+    def _resolve_auto(self, subcommand: str) -> str | None:
+        """`--ckpt_path auto`: the newest readable checkpoint of this run, or None (a fresh run), said in one
+        line. The run is known by its checkpoint folder: the dirpath given to a checkpoint callback, else the
+        folders named after the run under the checkpoint root (the same command names the same run)."""
+        if subcommand != "fit":
+            raise UserError(f"--ckpt_path {AUTO} resumes a fit; {subcommand} needs a checkpoint's path")
+        cfg = self.config[subcommand]
+        set_aside = rank_zero_only.rank == 0  # one process renames unreadable files; the others skip them
+        given = _checkpoint_dirpath(cfg)
+        if given is not None:
+            where, folder, newest = given, given, newest_readable(given, set_aside)
+        else:
+            try:
+                arch = ModelConfig(**cfg.model.arch.as_dict())
+                attention = resolve_attention(arch, AttentionConfig(**cfg.model.attention.as_dict()))
+            except ConfigError as e:
+                self.parser.error(str(e))
+            name = runs.run_name(arch, attention, cfg.seed_everything)
+            where = checkpoint_root(cfg) / f"{name}-*"
+            found = newest_of_run(checkpoint_root(cfg), name, set_aside)
+            folder, newest = found.folder, found.newest
+        lines = [line.replace(f"; {EARLIER}", "") for line in newest.skipped]  # that advice is what auto does
+        skipped = f"; skipped {len(lines)} unreadable: {' | '.join(lines)}" if lines else ""
+        if newest.path is None:
+            message = f"--ckpt_path {AUTO}: no readable checkpoint in {where}: starting fresh{skipped}"
+        else:
+            self._run_folder = folder
+            message = f"--ckpt_path {AUTO}: resuming from {newest.path} (step {newest.step}){skipped}"
+        if rank_zero_only.rank == 0:
+            print(message, file=sys.stderr)
+        return str(newest.path) if newest.path is not None else None
 
     def _section(self) -> Namespace:
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -254,7 +314,8 @@ class LanguageModelCLI(LightningCLI):
     def _configure_checkpoints(self, cfg: Namespace, name: str) -> None:
         # One random suffix per run, so two runs started in the same second never share a folder; under
         # several ranks ModelCheckpoint broadcasts rank 0's dirpath, so the ranks' own suffixes are unused.
-        folder = Path("checkpoints") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        # A run resumed by `--ckpt_path auto` goes on in the folder it resumed from.
+        folder = getattr(self, "_run_folder", None) or run_folder(checkpoint_root(cfg), name)
         for callback in cfg.trainer.get("callbacks") or []:
             args = _init_args(callback)
             if (

@@ -21,11 +21,11 @@ resume from and exits 128 + the signal's number: 143 (SIGTERM), 130 (SIGINT), 13
 - Before training starts (parsing, building the model, restoring a checkpoint) a signal stops at once: there is
   no newer state to save. After the last step the fit has done its work: a signal is noted and the run ends
   FINISHED, exit 0. validate and test stop at once, exit 128 + the signal's number.
-- SIGUSR1 under SLURM is Lightning's: its SLURM environment (auto_requeue, on by default) saves an HPC
-  checkpoint and requeues the job on it (`sbatch --signal=USR1@90`), and installs its handler only where none
-  is installed, so this module leaves SIGUSR1 alone wherever SLURMEnvironment.detect() is true. The SIGTERM
-  SLURM sends when the job ends or is requeued then stops the fit here (143, a checkpoint). Outside SLURM, or to
-  stop rather than requeue, SIGUSR1 (or `--signal=TERM@90`) stops like SIGTERM.
+- SIGUSR1 is this module's under SLURM too: it is the warning scripts/slurm/train.sbatch asks SLURM for
+  before the time limit, and the script requeues the job when the fit it forwarded the warning to has stopped
+  (exit 138). Lightning's own requeue on SIGUSR1 (SLURMEnvironment's auto_requeue) would save in the middle of
+  a step, from inside the handler, after ending the loggers' runs FINISHED, and go on training until killed; it
+  installs its handler only where none is installed, so with this one in place it never runs.
 - Lightning installs its SIGTERM handler when the fit starts, wrapping the one installed here; at the start of
   training the one here takes SIGTERM back (until then it stops at once, so Lightning's end-of-step SystemExit
   never runs), and Lightning's teardown puts the one here back.
@@ -50,7 +50,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -128,9 +127,8 @@ def _handle(signum: int, frame: FrameType | None) -> None:
 
 
 def stop_signals() -> tuple[int, ...]:
-    """SIGTERM and SIGINT; SIGUSR1 too, except under SLURM, where Lightning's requeue owns it."""
-    extra = () if SLURMEnvironment.detect() else (signal.SIGUSR1,)
-    return (signal.SIGTERM, signal.SIGINT, *extra)
+    """SIGTERM, SIGINT and SIGUSR1, under SLURM too (the module docstring says why not Lightning's requeue)."""
+    return (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 @contextmanager

@@ -6,7 +6,9 @@
 #
 # SIZE, ATTENTION, STRATEGY, DATA, PYTHON and ACCELERATOR choose the run (defaults: the paper's 1b lrkv on
 # GPUs, hybrid FSDP); conf/recipe/<SIZE>.yaml is used when it exists. The allocation comes from SLURM's
-# environment: SLURM_JOB_NUM_NODES nodes of SLURM_NTASKS_PER_NODE tasks (one per device).
+# environment: SLURM_JOB_NUM_NODES nodes of SLURM_NTASKS_PER_NODE tasks (one per device). `--ckpt_path auto`
+# comes first, so a requeued job (the same command) resumes the run's newest checkpoint, or a new one starts;
+# a --ckpt_path among the extra arguments wins, on every requeue too.
 set -euo pipefail
 
 SIZE=${SIZE:-1b}                  # conf/model/<SIZE>.yaml and conf/recipe/<SIZE>.yaml
@@ -36,4 +38,5 @@ printf '%s\0' "$PYTHON" "$ROOT/main.py" fit \
     --trainer.accelerator "$ACCELERATOR" \
     --trainer.num_nodes "${SLURM_JOB_NUM_NODES}" \
     --trainer.devices "$tasks_per_node" \
+    --ckpt_path auto \
     "$@"

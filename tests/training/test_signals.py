@@ -4,8 +4,8 @@ with loader workers: SIGTERM to its whole process group, as SLURM's scancel and 
 after a few steps. The fit saves the step it is in (the only checkpoint before the end here), ends its MLflow
 run KILLED with `stopped_by` and `stopped_at_step`, prints one line naming the checkpoint, and exits 128 + the
 signal's number; resumed from that checkpoint it ends with the uninterrupted run's weights (bitwise) and
-per-step losses, each step logged once. Outside training a signal stops at once; SIGUSR1 is Lightning's
-under SLURM."""
+per-step losses, each step logged once. Outside training a signal stops at once; SIGUSR1 stops a fit under
+SLURM too."""
 
 from __future__ import annotations
 
@@ -144,13 +144,14 @@ def test_a_signal_outside_training_stops_at_once_in_one_line(capsys: pytest.Capt
     assert [signals.exit_code(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)] == [143, 130, 138]
 
 
-def test_sigusr1_is_left_to_lightning_under_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigusr1_stops_the_fit_under_slurm_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM's warning before the time limit (scripts/slurm/train.sbatch) is ours, not Lightning's requeue."""
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
-    assert signal.SIGUSR1 in signals.stop_signals()
+    assert signals.stop_signals() == (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "lrkv-lab")
-    assert signals.stop_signals() == (signal.SIGTERM, signal.SIGINT)
+    assert signals.stop_signals() == (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 @pytest.mark.slow
