@@ -25,8 +25,9 @@ from lightning_modules.model.transformer import Transformer
 def step_digest(model: Transformer, batch: torch.Tensor, bf16: bool) -> tuple[float, str]:
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(batch[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        loss = model(
+            batch[:, :-1], targets=batch[:, 1:]
+        )  # the training loss (lightning_modules/model/loss.py)
     loss.backward()
     grads = b"".join(p.grad.float().numpy().tobytes() for p in model.parameters() if p.grad is not None)
     return float(loss), hashlib.sha256(grads).hexdigest()[:16]

@@ -4,9 +4,10 @@
     python benchmarks/memory_plan.py --strategy fsdp --rank 0 ...   # one of 2 FSDP ranks, fake process group
     python benchmarks/memory_plan.py --all          # the rows of BENCHMARKS.md (single and 2 FSDP ranks)
 
-A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/distributed/parallel.py): forward
-(under bf16 autocast with bf16-mixed), fp32 cross-entropy, backward, gradient clipping at 1.0, the
-optimiser's step and zero_grad(set_to_none=True). Three steps run; the peak is over the last two (the
+A measured step is LanguageModel's on one device or under FSDP2 (lightning_modules/distributed/parallel.py):
+forward (under bf16 autocast with bf16-mixed) ending in the chunked fp32 cross-entropy
+(lightning_modules/model/loss.py), backward, gradient clipping at 1.0, the optimiser's step and
+zero_grad(set_to_none=True). Three steps run; the peak is over the last two (the
 optimiser state exists from the first).
 
 How the peak is measured. torch's CPU allocator keeps no statistics (torch.cuda.max_memory_allocated has no
@@ -44,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,9 +130,7 @@ def profiled_peak(model: Any, attention: Any, setup: memory.Setup, mesh: Any) ->
         for _ in range(STEPS):
             marks.append(time.time_ns())
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-                logits = net(tokens[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-            del logits
+                loss = net(tokens[:, :-1], targets=tokens[:, 1:])  # LanguageModel's loss, in chunks
             loss.backward()
             del loss
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

@@ -15,8 +15,9 @@ What each term is (bytes per rank):
   default) it runs what CUDA runs instead: SDPA's fused kernels, the fused RMSNorm, CUDA autocast's fp32
   ops ("a CUDA step" below, docs/costs.md). With activation checkpointing a block keeps only its input; its
   saved tensors come back one block at a time in the backward (part of the block transient).
-- transient (the largest short-lived allocation): the head's backward (two fp32 (B, T, V) tensors: the
-  loss gradient and the log-softmax input gradient, while the log-probabilities are still held), a block's
+- transient (the largest short-lived allocation): one chunk of the loss (lightning_modules/model/loss.py: a
+  chunk's fp32 logits with a temporary or their gradient, and under bf16 autocast on one device the head
+  weight's bf16 copy; the loss keeps its two gradients, counted with the activations), a block's
   backward (about 4x its largest saved tensor, plus its recomputed activations under checkpointing, plus
   under FSDP the block's unsharded fp32 gradients and, from the second block's backward on, the previous
   block's reduce-scatter input), under FSDP the gathered weights (the root's head and norm stay gathered
@@ -24,8 +25,8 @@ What each term is (bytes per rank):
   FSDP2 copies into the parameters when that block starts and then frees), and the optimiser step (a
   Muon matrix gathered whole in fp32 under FSDP, its Newton-Schulz iterates in bf16).
 
-The peak is parameters + optimiser state + the largest of three moments of the step: the start of the
-backward (all activations + the head's backward + gathered weights), the end of the backward (all gradients
+The peak is parameters + optimiser state + the largest of three moments of the step: the loss and the
+start of the backward (all activations + the loss's chunk or a block's backward + gathered weights), the end of the backward (all gradients
 + a block's backward + gathered weights) and the optimiser step (all gradients + its transient). At small
 sizes its CPU plan (device="cpu") is checked against the peak the CPU allocator reaches (benchmarks/memory_plan.py,
 tests/costs/test_memory.py): within 15 %, single process and each of 2 FSDP ranks. What it leaves out: the CUDA
@@ -40,11 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs.cuda_step import Step
+from lightning_modules.model import loss
 from lightning_modules.model.attention import AttentionConfig, Resolved, as_resolved
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.transformer import Transformer
@@ -210,8 +211,7 @@ def activations_traced(
 
         def whole() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-                logits = net(tokens[:, :-1])
-            F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+                net(tokens[:, :-1], targets=tokens[:, 1:])  # the training loss, as LanguageModel runs it
 
         def block() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
@@ -247,7 +247,16 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
     activation_bytes = L * kept_per_block + act.ends
 
     B, T, V = setup.micro_batch, model.seq_len, model.padded_vocab_size
-    head_backward = 2 * B * T * V * FP32
+    # One chunk of the loss at a time (lightning_modules/model/loss.py), at the larger of two moments: its fp32
+    # logits with logsumexp's fp32 temporary, or those logits with their gradient and the head weight's
+    # gradient product, each also in bf16 under autocast (measured to the byte on the CPU). On one device
+    # bf16 autocast also copies the head weight to bf16 for the loop (FSDP gathers it in bf16).
+    mixed = setup.precision == "bf16-mixed"
+    rows, d = min(B * T, loss.chunk_rows(V)), model.d_model
+    copies = FP32 + (BF16 if mixed else 0)  # an fp32 tensor and, under autocast, its bf16 twin
+    chunk = max(2 * FP32 * rows * V, copies * rows * V + copies * V * d)
+    # and the final norm's output, the loss's input, alive (not saved) while it runs
+    head_backward = chunk + (BF16 * V * d if mixed and not setup.sharded else 0) + FP32 * B * T * d
     # A block's backward holds, besides what it saved, about four tensors the size of its largest saved
     # one (the MLP hidden): the incoming gradient, ReLU^2's derivative temporaries, the outgoing gradient
     # (measured: the peak falls in PowBackward). Under FSDP it also holds the block's unsharded gradients;
@@ -260,7 +269,7 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
     gathered = _gathered_bytes(net, setup)
     step = _step_transient(net, groups, setup)
     transients = {
-        "head backward (loss and log-softmax gradients)": head_backward,
+        "loss (one chunk's logits)": head_backward,
         "block backward"
         + (" (recomputed activations)" if setup.activation_checkpointing else ""): block_backward,
         "FSDP gathered weights (head, running block, next block's all-gather)": gathered,
@@ -268,7 +277,7 @@ def plan(model: ModelConfig, attention: AttentionConfig | Resolved, setup: Setup
     }
     kind = max(transients, key=lambda k: transients[k])
     moments = {
-        # the head's backward, then the last block's, run while (nearly) every activation is still held
+        # the loss's chunks, then the last block's backward, run while (nearly) every activation is held
         "backward start": activation_bytes + max(head_backward, block_backward) + gathered,
         "backward end": gradients + block_backward + block_grads + gathered,  # + the pending reduce-scatter
         "optimiser step": gradients + step,

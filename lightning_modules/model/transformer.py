@@ -19,6 +19,7 @@ from lightning_modules.model.attention import AttentionConfig, Resolved, as_reso
 from lightning_modules.model.attention.cache import LayerCache
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import MLP, RMSNorm, RotaryEmbedding
+from lightning_modules.model.loss import cross_entropy_from_hidden
 
 
 class Block(nn.Module):
@@ -70,11 +71,16 @@ class Transformer(nn.Module):
             nn.init.normal_(block.mlp.fc.weight, std=std)
             nn.init.normal_(block.mlp.proj.weight, std=out_std)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens: (B, T) int64 with T <= seq_len. Returns logits (B, T, padded vocab)."""
+    def forward(self, tokens: Tensor, targets: Tensor | None = None) -> Tensor:
+        """tokens: (B, T) int64 with T <= seq_len. Returns logits (B, T, padded vocab); with targets (B, T),
+        the mean cross-entropy against them instead, in chunks that never make the (B, T, V) logits
+        (lightning_modules/model/loss.py). The loss is computed here, in the forward, so that a wrapper's
+        hooks around it (FSDP2 gathers the head's weight in the root's) cover the head's use."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, self.rope)
+        if targets is not None:
+            return cross_entropy_from_hidden(self.norm(x), self.head.weight, targets)
         return self.head(self.norm(x))
 
     # ----- decoding ------------------------------------------------------------------------------------

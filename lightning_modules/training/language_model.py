@@ -16,7 +16,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
@@ -178,9 +177,9 @@ class LanguageModel(L.LightningModule):
         return self.model(tokens)
 
     def _loss(self, batch: Tensor) -> Tensor:
-        """batch: (B, T + 1) token ids; predict tokens 1..T from 0..T-1. Mean cross-entropy in nats."""
-        logits = self.model(batch[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        """batch: (B, T + 1) token ids; predict tokens 1..T from 0..T-1. Mean cross-entropy in nats, fp32,
+        in chunks that never hold the (B, T, V) logits (lightning_modules/model/loss.py)."""
+        return self.model(batch[:, :-1], targets=batch[:, 1:])
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss = self._loss(batch)
