@@ -1,6 +1,7 @@
 """The training loss in chunks (lightning_modules/model/loss.py) against the plain loss over whole logits.
 
-    python benchmarks/loss_step.py --size nano --micro-batch 8 [--seq-len 256] [--precision bf16-mixed] [--steps 5]
+    python benchmarks/loss_step.py --size nano --micro-batch 8 [--seq-len 256] [--vocab-size 50304]
+        [--precision bf16-mixed] [--steps 5] [--threads 1]
 
 One process, one model, the same batch. "plain" is the loss LanguageModel computed before the chunked one,
 F.cross_entropy(model(tokens).float(), targets); "chunked" is model(tokens, targets=targets). Each step is
@@ -14,6 +15,7 @@ so the difference is the loss's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--attention", default="mha")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, help="default: the size's")
+    parser.add_argument("--vocab-size", type=int, help="default: the size's (128m and up: 50304)")
     parser.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "32-true"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -63,8 +66,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config, _ = costs.load_configs([costs.fragment("model", args.size)])
-    if args.seq_len:
-        config = config.__class__(**{**config.__dict__, "seq_len": args.seq_len})
+    if args.seq_len or args.vocab_size:
+        config = dataclasses.replace(
+            config, seq_len=args.seq_len or config.seq_len, vocab_size=args.vocab_size or config.vocab_size
+        )
     torch.manual_seed(0)
     net = Transformer(config, AttentionConfig(kind=args.attention))
     tokens = torch.randint(0, config.vocab_size, (args.micro_batch, config.seq_len + 1))
