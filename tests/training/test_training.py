@@ -46,7 +46,10 @@ def test_fit_then_test_lands_in_mlflow_on_an_equal_flops_budget(
     assert (tags["size"], tags["attention"], tags["seed"]) == ("nano", kind, "7")
     assert tags["budget"] == f"flops={BUDGET_FLOPS:.3g}" and len(tags["git_commit"]) >= 7
     assert Path(tags["checkpoint_dir"]) == last.parent.resolve()
-    assert tags["attention_kernel"] == ("sdpa:math" if kind == "mla" else "sdpa:flash")  # SDPA's CPU backends
+    nano, attention = costs.load_configs([costs.fragment("model", "nano"), costs.fragment("attention", kind)])
+    resolved = costs.as_resolved(nano, attention)
+    d_qk, d_v = resolved.variant.score_dims(nano, resolved.knobs)  # unequal (mla's) keep SDPA off its flash
+    assert tags["attention_kernel"] == ("sdpa:flash" if d_qk == d_v else "sdpa:math")  # SDPA's CPU backends
     params = run.data.params
     expected = costs.cost_row(model.arch, model.attention)
     assert (

@@ -11,6 +11,7 @@ registry (attention/registry.py).
 - lrkv.py         low-rank key-value attention (LRKV): shared keys and values plus per-head low-rank residuals
 - lrkv_cached.py  LRKV's exact decode scores from the compressed cache, keys never rebuilt
 - mla.py          multi-head latent attention, DeepSeek-V2 form (docs/attentions.md, "mla")
+- mlra.py         multi-head low-rank attention (MLRA): MLA's latent in blocks, branches summed per head
 - registry.py     the attention registry
 """
 
@@ -23,6 +24,7 @@ from lightning_modules.model.attention.gqa import (
 from lightning_modules.model.attention.gta import GroupedTiedAttention
 from lightning_modules.model.attention.lrkv import LowRankKVAttention
 from lightning_modules.model.attention.mla import MultiHeadLatentAttention
+from lightning_modules.model.attention.mlra import MultiHeadLowRankAttention
 from lightning_modules.model.attention.registry import (
     REGISTRY,
     AttentionConfig,
@@ -46,6 +48,7 @@ register("mla", MultiHeadLatentAttention, paper=True)
 register("lrkv", LowRankKVAttention, paper=True)
 # Later variants, compared with the paper's arms at equal KV-cache bytes (docs/attentions.md)
 register("gta", GroupedTiedAttention)
+register("mlra", MultiHeadLowRankAttention)
 
 __all__ = [
     "REGISTRY",
