@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import Tensor
 
 from lightning_modules.model.attention import AttentionConfig, resolve
 from lightning_modules.model.attention.base import Attention
+from lightning_modules.model.attention.mlra import LatentBlockAttention
 from lightning_modules.model.config import ModelConfig
 from lightning_modules.model.layers import RMSNorm, RotaryEmbedding
 from lightning_modules.model.transformer import Transformer
-from tests.helpers import attn, tiny_model
+from tests.helpers import attn, rms, rope_reference, tiny_model
 
 SEQ = 64  # tiny_model with a longer context, so that a prefill is followed by many single-token steps
 
@@ -149,3 +152,43 @@ def float64_decode_diff(kind: str, chunks: list[int], length: int = 40, **knobs:
     full = net(toks)
     assert full.std() > 0.3
     return (decode_all(net, toks, chunks) - full).abs().max().item()
+
+
+def latent_block_reference(
+    module: LatentBlockAttention, x: Tensor, mistake: str = "", latent_scaling: bool = True
+) -> Tensor:
+    """n latent blocks c_b = RMSNorm_b(x W^DKV_b) sqrt(d / w), dealt to m branches of P = n / m blocks; head h
+    reads block b = i P + h // (H / P) in branch i, as row hh = h mod (H / P) of that block's up-projections:
+    k_{i,h} = [c_b W^UK_{b,hh} ; RoPE(x W^KR)], v_{i,h} = c_b W^UV_{b,hh}, q_h = [q^C_h ; RoPE(q^R_h)] (through
+    W^UQ(RMSNorm(x W^DQ) sqrt(d / d_cq)) when compressed); y_h = sum_i softmax(q_h . k_{i,h} / sqrt(d_h + d_R))
+    v_{i,h} / sqrt(m) (MLRA, arXiv 2603.02188; GLA, arXiv 2505.21487, is m = 1 without the two sqrt scalings:
+    `latent_scaling` False). `mistake` plants one error."""
+    B, T, d = x.shape
+    H, dh, d_r, d_c, d_cq = module.n_head, module.head_dim, module.d_r, module.d_c, module.d_cq
+    n, m = module.n_blocks, module.n_branches
+    P, w = n // m, d_c // n
+    q_rows = module.in_proj.out_features - d_c - d_r
+    w_q, w_dkv, w_kr = module.in_proj.weight.split([q_rows, d_c, d_r])
+    q_all = x @ w_q.T
+    if d_cq:
+        q_scale = math.sqrt(d / d_cq) if latent_scaling else 1.0
+        q_all = (rms(q_all, module.q_norm.weight) * q_scale) @ module.q_up.weight.T
+    q_all = q_all.view(B, T, H, dh + d_r)
+    scale = math.sqrt(d / w) if latent_scaling and mistake != "no latent scaling" else 1.0
+    latent = x @ w_dkv.T
+    c = [rms(latent[..., b * w : (b + 1) * w], module.kv_norms[b].weight) * scale for b in range(n)]
+    k_rope = rope_reference((x @ w_kr.T)[:, :, None])[:, :, 0]  # (B, T, d_R)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    heads = []
+    for h in range(H):
+        q = torch.cat([q_all[:, :, h, :dh], rope_reference(q_all[:, :, h : h + 1, dh:])[:, :, 0]], dim=-1)
+        y = torch.zeros(B, T, dh, dtype=x.dtype)
+        for i in range(m):
+            j = h % P if mistake == "interleaved heads" else h // (H // P)
+            b, hh = i * P + j, h % (H // P)
+            k = torch.cat([c[b] @ module.w_uk[b, hh * dh : (hh + 1) * dh].T, k_rope], dim=-1)
+            v = c[b] @ module.w_uv[b, hh * dh : (hh + 1) * dh].T
+            scores = torch.einsum("btd,bsd->bts", q, k) / math.sqrt(dh + d_r)
+            y = y + torch.einsum("bts,bsd->btd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
+        heads.append(y / math.sqrt(m))
+    return torch.cat(heads, dim=-1) @ module.out.weight.T

@@ -4,8 +4,6 @@ deliberate error are told apart; cached decode equals the full forward in float6
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import Tensor
@@ -14,45 +12,14 @@ from lightning_modules.core.errors import ConfigError
 from lightning_modules.costs import counts as costs
 from lightning_modules.model.attention import resolve
 from lightning_modules.model.attention.mlra import LatentBlockAttention
-from tests.helpers import attn, rms, rope_reference, tiny_model
-from tests.model.helpers import exact_rope, float64_decode_diff, float64_layer, variant_size
-
-
-def latent_block_reference(module: LatentBlockAttention, x: Tensor, mistake: str = "") -> Tensor:
-    """n latent blocks c_b = RMSNorm_b(x W^DKV_b) sqrt(d / w), dealt to m branches of P = n / m blocks; head h
-    reads block b = i P + h // (H / P) in branch i, as row hh = h mod (H / P) of that block's up-projections:
-    k_{i,h} = [c_b W^UK_{b,hh} ; RoPE(x W^KR)], v_{i,h} = c_b W^UV_{b,hh}, q_h = [q^C_h ; RoPE(q^R_h)] (through
-    W^UQ(RMSNorm(x W^DQ) sqrt(d / d_cq)) when compressed); y_h = sum_i softmax(q_h . k_{i,h} / sqrt(d_h + d_R))
-    v_{i,h} / sqrt(m). `mistake` plants one error."""
-    B, T, d = x.shape
-    H, dh, d_r, d_c, d_cq = module.n_head, module.head_dim, module.d_r, module.d_c, module.d_cq
-    n, m = module.n_blocks, module.n_branches
-    P, w = n // m, d_c // n
-    q_rows = module.in_proj.out_features - d_c - d_r
-    w_q, w_dkv, w_kr = module.in_proj.weight.split([q_rows, d_c, d_r])
-    q_all = x @ w_q.T
-    if d_cq:
-        q_all = (rms(q_all, module.q_norm.weight) * math.sqrt(d / d_cq)) @ module.q_up.weight.T
-    q_all = q_all.view(B, T, H, dh + d_r)
-    scale = 1.0 if mistake == "no latent scaling" else math.sqrt(d / w)
-    latent = x @ w_dkv.T
-    c = [rms(latent[..., b * w : (b + 1) * w], module.kv_norms[b].weight) * scale for b in range(n)]
-    k_rope = rope_reference((x @ w_kr.T)[:, :, None])[:, :, 0]  # (B, T, d_R)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
-    heads = []
-    for h in range(H):
-        q = torch.cat([q_all[:, :, h, :dh], rope_reference(q_all[:, :, h : h + 1, dh:])[:, :, 0]], dim=-1)
-        y = torch.zeros(B, T, dh, dtype=x.dtype)
-        for i in range(m):
-            j = h % P if mistake == "interleaved heads" else h // (H // P)
-            b, hh = i * P + j, h % (H // P)
-            k = torch.cat([c[b] @ module.w_uk[b, hh * dh : (hh + 1) * dh].T, k_rope], dim=-1)
-            v = c[b] @ module.w_uv[b, hh * dh : (hh + 1) * dh].T
-            scores = torch.einsum("btd,bsd->bts", q, k) / math.sqrt(dh + d_r)
-            y = y + torch.einsum("bts,bsd->btd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
-        heads.append(y / math.sqrt(m))
-    return torch.cat(heads, dim=-1) @ module.out.weight.T
-
+from tests.helpers import attn, tiny_model
+from tests.model.helpers import (
+    exact_rope,
+    float64_decode_diff,
+    float64_layer,
+    latent_block_reference,
+    variant_size,
+)
 
 SHAPES = {  # (heads, head_dim, d_c, d_R, branches, q_latent_dim)
     "mlra4": (4, 16, 64, 8, 4, 0),

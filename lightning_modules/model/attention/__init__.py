@@ -4,6 +4,7 @@ registry (attention/registry.py).
 
 - base.py         the interface every attention variant implements
 - cache.py        the decode cache of one attention layer
+- gla.py          grouped latent attention (GLA): mla's latent in groups, one per group of query heads
 - gqa.py          multi-head, grouped-query and multi-query attention
 - gta.py          grouped-tied attention (GTA): one tied key-value state per group and a shared RoPE key
 - kernel.py       the one place that chooses the attention kernel (docs/attentions.md)
@@ -16,6 +17,7 @@ registry (attention/registry.py).
 """
 
 from lightning_modules.model.attention.base import Attention
+from lightning_modules.model.attention.gla import GroupedLatentAttention
 from lightning_modules.model.attention.gqa import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -49,6 +51,7 @@ register("lrkv", LowRankKVAttention, paper=True)
 # Later variants, compared with the paper's arms at equal KV-cache bytes (docs/attentions.md)
 register("gta", GroupedTiedAttention)
 register("mlra", MultiHeadLowRankAttention)
+register("gla", GroupedLatentAttention)
 
 __all__ = [
     "REGISTRY",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,9 @@ class LatentBlockAttention(Attention):
     Subclasses say how many blocks and branches their knobs give."""
 
     decode_paths = ("absorbed",)
+    # The paper's scaling of each normalised block by sqrt(d / w) and of the normalised query latent by
+    # sqrt(d / d_cq); GLA's authors use neither (gla.py).
+    latent_scaling: ClassVar[bool] = True
 
     @classmethod
     def blocks(cls, knobs: Any) -> int:
@@ -82,8 +85,8 @@ class LatentBlockAttention(Attention):
         self.per_branch = self.n_blocks // self.n_branches  # P blocks in a branch
         self.heads_per_block = H // self.per_branch
         self.width = self.d_c // self.n_blocks  # w
-        self.kv_scale = math.sqrt(d / self.width)  # the paper's latent scaling
-        self.q_scale = math.sqrt(d / self.d_cq) if self.d_cq else 1.0
+        self.kv_scale = math.sqrt(d / self.width) if self.latent_scaling else 1.0
+        self.q_scale = math.sqrt(d / self.d_cq) if self.d_cq and self.latent_scaling else 1.0
         q_width = H * (dh + self.d_r)
         # Rows: [queries, or the query latent when compressed | c before the norms (d_c) | k^R before RoPE (d_R)]
         self.in_proj = nn.Linear(d, (self.d_cq or q_width) + self.d_c + self.d_r, bias=False)
