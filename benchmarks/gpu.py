@@ -73,6 +73,7 @@ from lightning_modules.model.attention import (
     AttentionConfig,
     kernel,
     names,
+    paper_names,
     resolve,
     resolve_attention,
 )
@@ -380,7 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile", choices=["both", "on", "off"], default="both", help="torch.compile per block"
     )
-    parser.add_argument("--kinds", nargs="+", choices=names(), default=names())
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=names(),
+        default=list(paper_names()),
+        help="attentions to train (default: the reference paper's five; any registered one may be named)",
+    )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     parser.add_argument("--budget-minutes", type=float, default=9.0, help="rows after this are skipped")
     parser.add_argument(
