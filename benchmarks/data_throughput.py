@@ -38,7 +38,7 @@ def time_loader(
 ) -> dict[str, float]:
     dm = ShardDataModule(str(directory), batch_size=batch_size, num_workers=workers, seed=0)
     start = time.perf_counter()
-    dm.setup("fit")  # full verification of train and val shards, as before a real run
+    dm.setup("fit")  # the check before a real run, at data.verify's default level
     verify_seconds = time.perf_counter() - start
     loader = dm.train_dataloader()
     seen, timed_from = 0, None

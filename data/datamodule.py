@@ -32,9 +32,10 @@ from torch.utils.data import DataLoader
 from data import worker_tempdir
 from data.data_errors import DataError, ManifestError, ShardError
 from data.manifest import SPLITS, Manifest
-from data.plan import train_batches_per_rank
+from data.plan import eval_shards_read, train_batches_per_rank, train_shards_read
 from data.streaming import EvalStream, ShardSet, TrainStream
 from data.train_position import StreamSettings, TrainPosition
+from data.verification import ShardProblem, verify_sizes
 from data.verification import verify as verify_shards
 from lightning_modules.core.errors import ConfigError
 
@@ -60,11 +61,14 @@ class ShardDataModule(L.LightningDataModule):
         shuffle_buffer: samples held by each worker's shuffle buffer (1: no sample shuffling).
         seq_len: expected sequence length; an error if the shards were built with another one.
         val_batch_size: validation/test batch size (default: batch_size).
-        verify: before use, check the shards of the splits a stage reads: "full" (sha256, counts, every
-            sample's shape and ids), "quick" (sha256 and counts) or "off". Reading always checks keys,
-            shapes and ids of what it decodes.
+        verify: the check at set-up. "sizes" (default): the shards this rank will read are present and of
+            the size their sample count makes, one stat each, no byte read; the train shards again at each
+            epoch's start. "full" (every shard of the split: sha256, counts, every sample's shape and ids) and
+            "quick" (sha256 and counts) read every byte of the split on every rank; "off": none. Reading
+            always checks each shard as it is opened and streamed (data/streaming.py ShardSet).
         skip_bad_shards: leave out shards that fail verification (logged with their names) instead of
-            stopping. Off by default: bad data should stop a run, not thin it silently.
+            stopping. Off by default: bad data should stop a run, not thin it silently. With "sizes" every
+            rank then checks every shard of the split, so that all ranks leave out the same ones.
     """
 
     def __init__(
@@ -76,7 +80,7 @@ class ShardDataModule(L.LightningDataModule):
         shuffle_buffer: int = 1024,
         seq_len: int | None = None,
         val_batch_size: int | None = None,
-        verify: Literal["full", "quick", "off"] = "full",
+        verify: Literal["sizes", "full", "quick", "off"] = "sizes",
         skip_bad_shards: bool = False,
         global_batch_size: int | None = None,
         data_slices: int | None = None,
@@ -106,6 +110,7 @@ class ShardDataModule(L.LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         self.verify_mode, self.skip_bad_shards = verify, skip_bad_shards
         self._shards: dict[str, ShardSet] = {}
+        self._sizes_checked: set[int] = set()  # train epochs whose shards (this rank's) were checked
         self._rank_override: tuple[int, int] | None = None
         # Train position: epoch and batches of it delivered to the training loop on this rank.
         self._position = TrainPosition()
@@ -232,17 +237,12 @@ class ShardDataModule(L.LightningDataModule):
 
     def _verified(self, split: str) -> ShardSet:
         info = self.manifest.split(split)
-        bad: dict[str, str] = {}
-        if self.verify_mode != "off":
-            problems = verify_shards(self.data_dir, self.manifest, [split], full=self.verify_mode == "full")
-            bad = {p.path: p.message for p in problems}
+        problems = self._set_up_problems(split)
+        bad = {p.path: p.message for p in problems}
         if bad:
-            lines = "\n".join(f"  {Path(self.data_dir) / path}: {message}" for path, message in bad.items())
             if not self.skip_bad_shards:
-                raise ShardError(
-                    f"{len(bad)} bad {split} shard(s) in {self.data_dir} (check all with "
-                    f"`python -m lightning_modules verify {self.data_dir}`):\n{lines}"
-                )
+                raise ShardError(self._problems_line(split, problems))
+            lines = "\n".join(f"  {Path(self.data_dir) / path}: {message}" for path, message in bad.items())
             log.warning(
                 "skip_bad_shards: leaving out %d of %d %s shards:\n%s",
                 len(bad),
@@ -255,7 +255,61 @@ class ShardDataModule(L.LightningDataModule):
             raise ShardError(f"no usable {split} shards in {self.data_dir}")
         m = self.manifest
         paths, counts = tuple(s.path for s in good), tuple(s.samples for s in good)
-        return ShardSet(self.data_dir, paths, counts, m.seq_len, m.vocab_size, m.dtype)
+        digests = tuple(s.sha256 for s in good)
+        return ShardSet(self.data_dir, paths, counts, m.seq_len, m.vocab_size, m.dtype, digests)
+
+    def _set_up_problems(self, split: str) -> list[ShardProblem]:
+        """What the `verify` level finds wrong with the split's shards before they are read."""
+        if self.verify_mode == "off":
+            return []
+        if self.verify_mode in ("full", "quick"):
+            return verify_shards(self.data_dir, self.manifest, [split], full=self.verify_mode == "full")
+        shards = self.manifest.split(split).shards
+        if not self.skip_bad_shards:
+            # a rank reads only its own shards, so it stats only those; with skip_bad_shards every rank
+            # must leave out the same shards (the plan is computed from them), so each checks them all
+            counts = [s.samples for s in shards]
+            shards = [shards[i] for i in self._rank_shards(split, counts, self._position.epoch)]
+            if split == "train":
+                self._sizes_checked.add(self._position.epoch)
+        return verify_sizes(self.data_dir, self.manifest, split, shards)
+
+    def _rank_shards(self, split: str, counts: list[int], epoch: int) -> list[int]:
+        """The shards (indices into counts) this rank reads of `split` (of train: in `epoch`)."""
+        rank, world = self._distributed()
+        if split != "train":
+            return eval_shards_read(counts, rank=rank, world=world)
+        per_rank = self.slices // world
+        return train_shards_read(
+            counts,
+            seed=self.seed,
+            epoch=epoch,
+            slices=range(rank * per_rank, (rank + 1) * per_rank),
+            world=self.slices,
+            batch_size=self.slice_batch_size,
+        )
+
+    def _check_epoch_shards(self, epoch: int) -> None:
+        """At an epoch's start, "sizes" again for the train shards this rank reads in it (they change with the
+        epoch's shard order): one stat each, so a shard deleted or cut during the run is named before a worker
+        meets it."""
+        if self.verify_mode == "off" or epoch in self._sizes_checked:
+            return
+        self._sizes_checked.add(epoch)
+        shards = self.shard_set("train")
+        by_path = {s.path: s for s in self.manifest.split("train").shards}
+        mine = [by_path[shards.paths[i]] for i in self._rank_shards("train", list(shards.counts), epoch)]
+        if problems := verify_sizes(self.data_dir, self.manifest, "train", mine):
+            raise ShardError(self._problems_line("train", problems))
+
+    def _problems_line(self, split: str, problems: list[ShardProblem]) -> str:
+        """One line: the first bad shard and what is wrong with it, and how many more there are."""
+        first = problems[0]
+        more = f"; {len(problems) - 1} more bad {split} shard(s)" if len(problems) > 1 else ""
+        return (
+            f"{Path(self.data_dir) / first.path}: {first.message}{more} (check every shard with "
+            f"`python -m lightning_modules verify {self.data_dir}`)"
+        )
 
     # ---- train position ------------------------------------------------------------------------------
     @property
@@ -328,8 +382,8 @@ def _check_options(*, num_workers: int, verify: str, **counts: int | None) -> No
             f"data.num_workers={num_workers}: must be 0 (read in the training process) or a number of "
             "loader processes per rank"
         )
-    if verify not in ("full", "quick", "off"):
-        raise ConfigError(f"data.verify={verify!r}: choose 'full', 'quick' or 'off'")
+    if verify not in ("sizes", "full", "quick", "off"):
+        raise ConfigError(f"data.verify={verify!r}: choose 'sizes', 'full', 'quick' or 'off'")
 
 
 class _TrainLoader:
@@ -356,6 +410,7 @@ class _TrainLoader:
         epoch, consumed = dm._begin_epoch()
         if consumed >= dm.batches_per_epoch:
             return
+        dm._check_epoch_shards(epoch)
         rank, world = dm._distributed()
         per_rank = dm.slices // world
         dataset = TrainStream(

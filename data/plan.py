@@ -133,3 +133,29 @@ def eval_batches(total_samples: int, world: int, rank: int, batch_size: int) -> 
     count = min(math.ceil(total_samples / (world * batch_size)), total_samples // world)
     size = hi - lo
     return [(lo + i * size // count, lo + (i + 1) * size // count) for i in range(count)]
+
+
+def train_shards_read(
+    counts: Sequence[int], *, seed: int, epoch: int, slices: Sequence[int], world: int, batch_size: int
+) -> list[int]:
+    """The shards (indices into counts) that the data slices `slices` of `world` read in `epoch`, in shard order.
+
+    Slice s reads positions [s*M, s*M + K*batch_size) of the epoch's shard layout (M = N // world samples, K =
+    M // batch_size batches); its streams split exactly that range (train_stream_plan), so this is every shard
+    a rank reading those slices opens in the epoch, and no other."""
+    per_slice = sum(counts) // world
+    used = per_slice // batch_size * batch_size
+    order = shard_order(len(counts), seed, epoch)
+    shards = {
+        piece.shard
+        for s in slices
+        for piece in pieces_for_range(s * per_slice, s * per_slice + used, order, counts)
+    }
+    return sorted(shards)
+
+
+def eval_shards_read(counts: Sequence[int], *, rank: int, world: int) -> list[int]:
+    """The shards (indices into counts) that rank `rank` of `world` reads of a validation or test split."""
+    total = sum(counts)
+    lo, hi = rank * total // world, (rank + 1) * total // world
+    return [piece.shard for piece in pieces_for_range(lo, hi, range(len(counts)), counts)]

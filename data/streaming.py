@@ -13,17 +13,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
+from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from data.data_errors import ShardError
 from data.plan import Piece, eval_batches, pieces_for_range, train_stream_plan
-from data.shards import SAMPLE_FIELD, decode_npy, sample_key
+from data.shards import SAMPLE_FIELD, HashingReader, decode_npy, sample_key, size_problem, tail_problem
 
 
 @dataclass(frozen=True)
 class ShardSet:
-    """The shards of one split that are read (all, or the good ones with skip_bad_shards)."""
+    """The shards of one split that are read (all, or the good ones with skip_bad_shards).
+
+    Each shard is checked as it is opened and read: its size against the manifest's sample count (one stat),
+    its last member and the end-of-archive marker where that count puts them (two block reads), its samples'
+    keys, shapes and token ids as they are decoded, and, when it is read to its end, the sha256 of the bytes
+    streamed against the manifest's, compared before its last sample is handed on. A damaged shard stops the
+    run with a ShardError naming it on one line."""
 
     directory: str
     paths: tuple[str, ...]  # relative to directory
@@ -31,6 +37,7 @@ class ShardSet:
     seq_len: int
     vocab_size: int
     dtype: str
+    digests: tuple[str, ...] = ()  # the manifest's sha256 per shard; empty: not compared
 
     @property
     def samples(self) -> int:
@@ -39,51 +46,77 @@ class ShardSet:
     def read(self, piece: Piece, wanted: np.ndarray | None = None) -> Iterator[np.ndarray | None]:
         """The piece's samples in order; None for those where `wanted` (per piece position) is False."""
         path = str(Path(self.directory) / self.paths[piece.shard])
+        count = self.counts[piece.shard]
+        if problem := size_problem(Path(path), count, self.seq_len, self.dtype):
+            raise ShardError(f"{path}: {problem}{self._hint}")
+        # A piece always starts at the shard's first byte; one that runs to the shard's end streams every
+        # byte, so its sha256 comes free with the read (a piece ending earlier is checked by decoding only).
+        hashed = piece.stop == count and bool(self.digests)
         seen, first_key = 0, 0  # samples met in the tar, whether in the piece or not
         try:
-            source = wds.tarfile_to_samples()(iter([{"url": path}]))
-            for position, sample in enumerate(source):
-                seen = position + 1
-                key = sample.get("__key__", "")
-                if position == 0 and key.isdigit():
-                    first_key = int(key)
-                # keys number the samples consecutively: a gap or a stranger means a damaged shard
-                if key != sample_key(first_key + position) or SAMPLE_FIELD not in sample:
-                    raise ShardError(
-                        f"{path}: sample {position} is {key!r}, expected {sample_key(first_key + position)}"
-                    )
-                if position < piece.start:
-                    continue  # skipping costs a read of the bytes but no decoding
-                if position >= piece.stop:
-                    break
-                if wanted is not None and not wanted[position - piece.start]:
-                    yield None
-                else:
-                    yield self._decode(path, position, sample[SAMPLE_FIELD])
+            # unbuffered: the tail check's two blocks are all it reads before the stream starts at byte 0
+            with open(path, "rb", buffering=0) as raw:
+                if problem := tail_problem(raw, count, self.seq_len, self.dtype):
+                    raise ShardError(f"{path}: {problem}{self._hint}")
+                reader = HashingReader(raw)
+                members = tar_file_expander(iter([{"url": path, "stream": reader}]))
+                for position, sample in enumerate(group_by_keys(members)):
+                    seen = position + 1
+                    key = sample.get("__key__", "")
+                    if position == 0 and key.isdigit():
+                        first_key = int(key)
+                    # keys number the samples consecutively: a gap or a stranger means a damaged shard
+                    if key != sample_key(first_key + position) or SAMPLE_FIELD not in sample:
+                        raise ShardError(
+                            f"{path}: sample {position} is {key!r}, expected "
+                            f"{sample_key(first_key + position)}{self._hint}"
+                        )
+                    if position < piece.start:
+                        continue  # skipping costs a read of the bytes but no decoding
+                    if position >= piece.stop:
+                        break
+                    if hashed and seen == count:
+                        self._check_digest(path, piece.shard, reader)
+                    if wanted is not None and not wanted[position - piece.start]:
+                        yield None
+                    else:
+                        yield self._decode(path, position, sample[SAMPLE_FIELD])
         except ShardError:
             raise
         except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
             raise ShardError(
-                f"{path}: unreadable tar after {seen} samples ({type(exc).__name__}: {exc})"
+                f"{path}: unreadable tar after {seen} samples ({type(exc).__name__}: {exc}){self._hint}"
             ) from exc
         if seen < piece.stop:
+            raise ShardError(f"{path}: ends after {seen} samples, the manifest says {count}{self._hint}")
+
+    @property
+    def _hint(self) -> str:
+        return f"; `python -m lightning_modules verify {self.directory}` checks every shard"
+
+    def _check_digest(self, path: str, shard: int, reader: HashingReader) -> None:
+        actual, expected = reader.finish(), self.digests[shard]
+        if actual != expected:
             raise ShardError(
-                f"{path}: ends after {seen} samples, the manifest says {self.counts[piece.shard]}"
+                f"{path}: sha256 {actual[:16]}... of the bytes read differs from the manifest's "
+                f"{expected[:16]}... (changed since prepare){self._hint}"
             )
 
     def _decode(self, path: str, position: int, payload: bytes) -> np.ndarray:
         try:
             sample = decode_npy(payload)
         except ValueError as exc:
-            raise ShardError(f"{path}: sample {position} is not a valid .npy array ({exc})") from exc
+            raise ShardError(
+                f"{path}: sample {position} is not a valid .npy array ({exc}){self._hint}"
+            ) from exc
         if sample.dtype != np.dtype(self.dtype) or sample.shape != (self.seq_len + 1,):
             raise ShardError(
                 f"{path}: sample {position} is {sample.dtype}{list(sample.shape)}, "
-                f"the manifest says {self.dtype}[{self.seq_len + 1}]"
+                f"the manifest says {self.dtype}[{self.seq_len + 1}]{self._hint}"
             )
         if int(sample.max()) >= self.vocab_size:
             raise ShardError(
-                f"{path}: sample {position} holds token id {int(sample.max())} >= vocab {self.vocab_size}"
+                f"{path}: sample {position} holds token id {int(sample.max())} >= vocab {self.vocab_size}{self._hint}"
             )
         return sample
 

@@ -2,7 +2,9 @@
 
 The library behind `python -m lightning_modules verify` (lightning_modules/commands/verify.py), the DataModule's check before training
 (data/datamodule.py) and prepare's check of what it built. A full check decodes every sample; a quick one
-checks presence, sha256 and the tar's member count without decoding the samples.
+checks presence, sha256 and the tar's member count without decoding the samples. Both read every byte of
+every shard; verify_sizes reads none (one stat per shard), which is what a fit does by default: the shards'
+bytes are checked as they are streamed (data/streaming.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from data.manifest import SPLITS, Manifest, ShardInfo
-from data.shards import SAMPLE_FIELD, decode_npy, sample_key, sha256_file
+from data.shards import SAMPLE_FIELD, decode_npy, sample_key, sha256_file, size_problem
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,19 @@ def verify(
             for (split, shard), messages in zip(jobs, results, strict=True)
             if messages
         ]
+
+
+def verify_sizes(
+    directory: str | Path, manifest: Manifest, split: str, shards: Sequence[ShardInfo]
+) -> list[ShardProblem]:
+    """Problems of the listed shards of `split` that a stat can see: missing, or not the size the manifest's
+    sample count makes (data/shards.py shard_bytes). Reads no shard's bytes."""
+    directory = Path(directory)
+    return [
+        ShardProblem(split, shard.path, problem)
+        for shard in shards
+        if (problem := size_problem(directory / shard.path, shard.samples, manifest.seq_len, manifest.dtype))
+    ]
 
 
 def check_shard(directory: Path, manifest: Manifest, shard: ShardInfo, full: bool) -> list[str]:
