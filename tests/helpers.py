@@ -1,8 +1,9 @@
-"""Shared test helpers: small configs and a naive reference attention written independently of the package."""
+"""Shared test helpers: small configs, a naive reference attention written independently of the package, a free port."""
 
 from __future__ import annotations
 
 import math
+import socket
 
 import torch
 from torch import Tensor
@@ -82,3 +83,10 @@ def causal_attention_reference(q: Tensor, k: Tensor, v: Tensor, scale: float | N
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (gloo rendezvous, a test server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -6,20 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from tests.helpers import free_port
+
 START_TIMEOUT_S = 300  # a loaded 2-core machine needs tens of seconds for a cold start
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MlflowServer:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from lightning_modules.commands import generate
 from lightning_modules.core.errors import DEBUG_ENV
 from tests.core.helpers import NANO, ROOT
+from tests.helpers import free_port
 from tests.one_line import Case, assert_each_ends_in_one_line
 
 
@@ -25,12 +25,6 @@ class _Unsafe:
 
     def __reduce__(self) -> tuple:
         return (os.system, ("echo unsafe-code-ran",))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _unwritable(tmp_path: Path) -> Path | None:
@@ -77,7 +71,7 @@ def _cases(tmp: Path, shards: Path) -> list[Case]:
         (
             "server down",
             main,
-            {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{_free_port()}"},
+            {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"},
             ["is unreachable", "start the server"],
         ),
         (

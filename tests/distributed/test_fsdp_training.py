@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from lightning_modules.generation.checkpoint import load_model
 from lightning_modules.model.attention import load_configs, resolve
 from main import main
 from tests.fsdp_driver import STEPS, STOP
-from tests.helpers import KINDS
+from tests.helpers import KINDS, free_port
 from tests.training.helpers import args as single_process_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,12 +205,6 @@ def test_consolidated_checkpoint_serves_one_device(
                                       "--trainer.limit_test_batches", "2"))  # fmt: skip
     assert tested.trainer.logger.run_id == results(out)[0]["run_ids"]["resumed"]
     assert "test/loss" in MlflowClient(uri).get_run(tested.trainer.logger.run_id).data.metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_hybrid_fsdp_across_two_torchrun_nodes(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,20 +17,15 @@ import pytest
 from lightning_modules.core.errors import UserError
 from lightning_modules.distributed import strategy as strategy_module
 from lightning_modules.distributed.strategy import FSDP2Strategy
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_safe_resume_restores_what_lightning_restores_and_refuses_a_crafted_value(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "tests.distributed.safe_resume_driver", str(tmp_path), str(_free_port())],
+        [sys.executable, "-m", "tests.distributed.safe_resume_driver", str(tmp_path), str(free_port())],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
         capture_output=True,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from datetime import timedelta
 
 import pytest
@@ -21,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_modules.model.transformer import Transformer
 from lightning_modules.optim.setup import OptimizerConfig, build_optimizer
 from tests.gloo_exit import leave
-from tests.helpers import attn, tiny_model
+from tests.helpers import attn, free_port, tiny_model
 
 WORLD = 2
 STEPS = 3
@@ -82,12 +81,6 @@ def worker(rank: int, port: int) -> None:
     finally:
         dist.destroy_process_group()
     leave()  # checked and torn down (tests/gloo_exit.py says why)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

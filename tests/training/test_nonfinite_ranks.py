@@ -10,7 +10,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import torch.multiprocessing as mp
 from lightning_modules.training.host_sync import LossWatch
 from tests.conftest import TINY_SEQ_LEN
 from tests.gloo_exit import leave
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -82,12 +82,6 @@ def worker(rank: int, port: int, out: str) -> None:
     finally:
         dist.destroy_process_group()
     leave()  # checked and torn down (tests/gloo_exit.py says why)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
