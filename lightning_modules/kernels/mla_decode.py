@@ -93,9 +93,8 @@ def decode_step(
     if latent.stride(-1) != 1:
         raise ValueError("mla decode kernel: the latent cache must be contiguous in its last dim")
     tiles = plan(H, d_c)
-    HG = tiles.pop("HG")
-    block = block or tiles.pop("BLOCK_S")
-    tiles.pop("BLOCK_S", None)
+    HG, planned_block = tiles.pop("HG"), tiles.pop("BLOCK_S")
+    block = block or planned_block
     n_groups = -(-H // HG)
     DCP, DRP = next_power_of_2(d_c), next_power_of_2(d_r)
     f32 = dict(device=q.device, dtype=torch.float32)
